@@ -20,7 +20,7 @@ constexpr std::uint8_t kTermRdmaHeader = 0x20;          // R
 
 std::size_t terminate_size(const TerminateHeader& t) {
   std::size_t size = kUntaggedHeaderSize + kTerminateFixedSize;
-  if (t.segment_length_valid || t.ddp_header_length != 0) size += 2;
+  if (t.ddp_header_length != 0) size += 2;  // present with D; M only says it is valid
   size += t.ddp_header_length;
   if (t.has_rdma_header) size += kReadRequestHeaderSize;
   return size;
@@ -54,7 +54,7 @@ Result<TerminateHeader, WireError> decode_terminate(std::span<const std::uint8_t
   const bool has_ddp = hdrct & kTermDdpHeader;
   t.has_rdma_header = hdrct & kTermRdmaHeader;
   std::size_t at = kTerminateFixedSize;
-  if (t.segment_length_valid || has_ddp) {
+  if (has_ddp) {
     if (body.size() < at + 2) return fail(WireError::rdmap_bad_terminate);
     t.ddp_segment_length = load_be16(body.data() + at);
     at += 2;
@@ -124,7 +124,7 @@ Result<std::size_t, WireError> encode_segment_header(const SegmentHeader& h, std
                                         (t.has_rdma_header ? kTermRdmaHeader : 0));
     body[3] = 0;
     std::size_t at = kTerminateFixedSize;
-    if (t.segment_length_valid || t.ddp_header_length) {
+    if (t.ddp_header_length) {
       store_be16(body + at, t.ddp_segment_length);
       at += 2;
     }
@@ -164,20 +164,19 @@ Result<std::size_t, WireError> peek_segment_header_size(std::uint8_t ddp_control
   return kUntaggedHeaderSize;
 }
 
-Result<SegmentHeader, WireError> decode_segment_header(std::span<const std::uint8_t> bytes,
-                                                       std::size_t ulpdu_length) {
+Status<WireError> detail::decode_segment_header_into(std::span<const std::uint8_t> bytes,
+                                                     std::size_t ulpdu_length, SegmentHeader& h) {
   if (bytes.size() < 2) return fail(WireError::truncated);
   auto size = peek_segment_header_size(bytes[0], bytes[1], ulpdu_length);
   if (!size) return fail(size.error());
   if (bytes.size() < *size) return fail(WireError::truncated);
   const std::uint8_t* p = bytes.data();
-  SegmentHeader h;
   h.opcode = static_cast<RdmapOpcode>(p[1] & kOpcodeMask);
   h.last = p[0] & kDdpLast;
   if (is_tagged(h.opcode)) {
     h.stag = load_be32(p + 2);
     h.tagged_offset = load_be64(p + 6);
-    return h;
+    return {};
   }
   h.invalidate_stag = carries_invalidate(h.opcode) ? load_be32(p + 2) : 0;
   h.queue_number = load_be32(p + 6);
@@ -194,6 +193,13 @@ Result<SegmentHeader, WireError> decode_segment_header(std::span<const std::uint
     if (!term) return fail(term.error());
     h.terminate = *term;
   }
+  return {};
+}
+
+Result<SegmentHeader, WireError> decode_segment_header(std::span<const std::uint8_t> bytes,
+                                                       std::size_t ulpdu_length) {
+  SegmentHeader h;
+  if (auto ok = detail::decode_segment_header_into(bytes, ulpdu_length, h); !ok) return fail(ok.error());
   return h;
 }
 

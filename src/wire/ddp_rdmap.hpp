@@ -114,4 +114,12 @@ Result<std::size_t, WireError> peek_segment_header_size(std::uint8_t ddp_control
 Result<SegmentHeader, WireError> decode_segment_header(std::span<const std::uint8_t> bytes,
                                                        std::size_t ulpdu_length);
 
+namespace detail {
+// decode_segment_header writing straight into `out`, which must hold a default-constructed
+// SegmentHeader (the FPDU receive path decodes into its event without copying a Result).
+// On failure `out` holds partial fields and is to be discarded.
+Status<WireError> decode_segment_header_into(std::span<const std::uint8_t> bytes, std::size_t ulpdu_length,
+                                             SegmentHeader& out);
+}  // namespace detail
+
 }  // namespace peercm::wire

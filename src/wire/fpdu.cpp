@@ -8,7 +8,7 @@
 namespace peercm::wire {
 
 std::size_t mulpdu_for_emss(std::size_t emss) {
-  if (emss < 6) return kMinMulpdu;
+  if (emss < kMinMulpdu + 6 + emss % 4) return kMinMulpdu;  // also keeps the subtraction from wrapping
   const std::size_t mulpdu = emss - (6 + emss % 4);
   return std::clamp(mulpdu, kMinMulpdu, kMaxMulpdu);
 }
@@ -23,72 +23,102 @@ Status<WireError> FpduFramer::begin(const SegmentHeader& header, std::size_t pay
   prefix_size_ = kUlpduLengthSize + header_size;
   padding_ = fpdu_padding(ulpdu_length);
   crc_.reset();
-  crc_.update(prefix());
+  prefix_in_crc_ = false;
   return {};
+}
+
+void FpduFramer::absorb_prefix() {
+  crc_.update(prefix());
+  prefix_in_crc_ = true;
 }
 
 std::span<const std::uint8_t> FpduFramer::finish(bool with_crc) {
   std::fill(trailer_.begin(), trailer_.end(), std::uint8_t{0});
-  crc_.update(std::span(trailer_).first(padding_));
-  const std::uint32_t crc = with_crc ? crc_.finish() : 0;
+  std::uint32_t crc = 0;
+  if (with_crc) {
+    if (!prefix_in_crc_) absorb_prefix();
+    crc_.update(std::span(trailer_).first(padding_));
+    crc = crc_.finish();
+  }
   // The one little-endian field of iWARP (RFC 5044 §4.4, worked examples in Figs. 5-6).
   for (std::size_t i = 0; i < kFpduCrcSize; ++i)
     trailer_[padding_ + i] = static_cast<std::uint8_t>(crc >> (8 * i));
   return std::span(trailer_).first(padding_ + kFpduCrcSize);
 }
 
+// Same bytes and errors as FpduFramer + copies, but encoded in place: no 100-byte framer to
+// zero, no prefix/trailer copies, and one CRC pass over the finished FPDU.
 Result<std::size_t, WireError> encode_fpdu(const SegmentHeader& header, std::span<const std::uint8_t> payload,
                                            bool with_crc, std::span<std::uint8_t> out) {
-  FpduFramer framer;
-  if (auto ok = framer.begin(header, payload.size()); !ok) return fail(ok.error());
-  const std::size_t total = fpdu_wire_size(framer.prefix().size() - kUlpduLengthSize + payload.size());
-  if (out.size() < total) return fail(WireError::buffer_too_small);
+  const std::size_t header_size = segment_header_size(header);
+  const std::size_t ulpdu_length = header_size + payload.size();
+  if (ulpdu_length > kMaxUlpduLength) return fail(WireError::fpdu_ulpdu_too_long);
+  const std::size_t total = fpdu_wire_size(ulpdu_length);
+  if (out.size() < total) {
+    // A header the encoder rejects is reported before a short buffer.
+    std::array<std::uint8_t, kMaxSegmentHeaderSize> scratch;
+    if (auto written = encode_segment_header(header, scratch); !written) return fail(written.error());
+    return fail(WireError::buffer_too_small);
+  }
+  // encode_segment_header writes nothing when it fails, so `out` is untouched on error.
+  if (auto written = encode_segment_header(header, out.subspan(kUlpduLengthSize, header_size)); !written)
+    return fail(written.error());
   std::uint8_t* p = out.data();
-  std::memcpy(p, framer.prefix().data(), framer.prefix().size());
-  p += framer.prefix().size();
+  store_be16(p, static_cast<std::uint16_t>(ulpdu_length));
+  p += kUlpduLengthSize + header_size;
   if (!payload.empty()) std::memcpy(p, payload.data(), payload.size());
   p += payload.size();
-  framer.add_payload(payload);
-  auto trailer = framer.finish(with_crc);
-  std::memcpy(p, trailer.data(), trailer.size());
+  const std::size_t padding = fpdu_padding(ulpdu_length);
+  for (std::size_t i = 0; i < padding; ++i) *p++ = 0;
+  const std::uint32_t crc = with_crc ? crc32c(out.first(total - kFpduCrcSize)) : 0;
+  // The one little-endian field of iWARP (RFC 5044 §4.4, worked examples in Figs. 5-6).
+  for (std::size_t i = 0; i < kFpduCrcSize; ++i) p[i] = static_cast<std::uint8_t>(crc >> (8 * i));
   return total;
 }
 
-FpduEvent FpduStreamDecoder::fail_with(WireError error) {
+void FpduStreamDecoder::fail_with(FpduEvent& event, WireError error) {
   phase_ = Phase::failed;
-  FpduEvent event;
+  error_ = error;
   event.kind = FpduEvent::Kind::error;
   event.error = error;
-  return event;
 }
 
 void FpduStreamDecoder::payload_placed(std::span<const std::uint8_t> bytes) {
+  if (phase_ != Phase::payload) return;  // nothing expected: must not skip to (or revive) a trailer
   const std::size_t n = std::min(bytes.size(), payload_left_);
   if (check_crc_) crc_.update(bytes.first(n));
   payload_left_ -= n;
   if (payload_left_ == 0) phase_ = Phase::trailer;
 }
 
-FpduEvent FpduStreamDecoder::finish_trailer() {
+void FpduStreamDecoder::finish_trailer(FpduEvent& event) {
   // RFC 5044 §4.1: PAD is sent as zero; peercm treats anything else as a broken stream.
   for (std::size_t i = 0; i + kFpduCrcSize < trailer_size_; ++i)
-    if (trailer_[i] != 0) return fail_with(WireError::fpdu_bad_padding);
+    if (trailer_[i] != 0) return fail_with(event, WireError::fpdu_bad_padding);
   if (check_crc_) {
     crc_.update(std::span(trailer_).first(trailer_size_ - kFpduCrcSize));
     const std::uint8_t* c = trailer_.data() + trailer_size_ - kFpduCrcSize;
     const std::uint32_t received = std::uint32_t{c[0]} | (std::uint32_t{c[1]} << 8) |
                                    (std::uint32_t{c[2]} << 16) | (std::uint32_t{c[3]} << 24);
-    if (received != crc_.finish()) return fail_with(WireError::fpdu_bad_crc);
+    if (received != crc_.finish()) return fail_with(event, WireError::fpdu_bad_crc);
   }
   phase_ = Phase::length;
   header_filled_ = 0;
   trailer_filled_ = 0;
-  FpduEvent event;
   event.kind = FpduEvent::Kind::end;
-  return event;
 }
 
+namespace {
+// A default FpduEvent to copy from. Deliberately not const: GCC zero-fills a fresh
+// 160-byte FpduEvent with `rep stosq`, whose start-up cost dominated small-FPDU decoding,
+// but copies a non-constant object with a handful of vector moves.
+FpduEvent g_need_more_event{};
+}  // namespace
+
+// Every path returns the one `event` so it is built in the caller's storage (NRVO) rather
+// than copied out: FpduEvent is 160 bytes and this runs several times per FPDU.
 FpduEvent FpduStreamDecoder::next(std::span<const std::uint8_t> in, std::size_t& consumed) {
+  FpduEvent event = g_need_more_event;  // need_more until a phase says otherwise
   consumed = 0;
   auto take_header_bytes = [&](std::size_t target) {
     const std::size_t n = std::min(in.size() - consumed, target - header_filled_);
@@ -97,43 +127,77 @@ FpduEvent FpduStreamDecoder::next(std::span<const std::uint8_t> in, std::size_t&
     consumed += n;
     return header_filled_ == target;
   };
+  // Set when this call found the FPDU's first bytes at in[consumed]: if the whole header is
+  // there too it is decoded where it lies instead of being copied into header_ first.
+  const std::uint8_t* fpdu_start = nullptr;
   for (;;) {
     switch (phase_) {
       case Phase::failed:
-        return fail_with(WireError::truncated);  // the stream already broke; nothing more is decoded
+        // The stream already broke; nothing more is decoded, the first error is repeated.
+        fail_with(event, error_);
+        return event;
       case Phase::length: {
         // ULPDU_Length plus the two control bytes tell how long the header is.
-        if (!take_header_bytes(kUlpduLengthSize + 2)) return {};
+        if (header_filled_ == 0 && in.size() - consumed >= kUlpduLengthSize + 2) {
+          fpdu_start = in.data() + consumed;  // same as take_header_bytes, with a fixed-size copy
+          std::memcpy(header_.data(), fpdu_start, kUlpduLengthSize + 2);
+          header_filled_ = kUlpduLengthSize + 2;
+          consumed += kUlpduLengthSize + 2;
+        } else if (!take_header_bytes(kUlpduLengthSize + 2)) {
+          return event;
+        }
         ulpdu_length_ = load_be16(header_.data());
-        if (ulpdu_length_ > max_ulpdu_) return fail_with(WireError::fpdu_ulpdu_too_long);
+        if (ulpdu_length_ > max_ulpdu_) {
+          fail_with(event, WireError::fpdu_ulpdu_too_long);
+          return event;
+        }
+        // Shorter than any DDP header: the "control bytes" just taken would be PAD or CRC.
+        if (ulpdu_length_ < kTaggedHeaderSize) {
+          fail_with(event, WireError::fpdu_ulpdu_too_short);
+          return event;
+        }
         auto size = peek_segment_header_size(header_[2], header_[3], ulpdu_length_);
-        if (!size) return fail_with(size.error());
+        if (!size) {
+          fail_with(event, size.error());
+          return event;
+        }
         header_size_ = *size;
         phase_ = Phase::header;
         break;
       }
       case Phase::header: {
-        if (!take_header_bytes(kUlpduLengthSize + header_size_)) return {};
-        auto header = decode_segment_header(std::span(header_).subspan(kUlpduLengthSize, header_size_),
-                                            ulpdu_length_);
-        if (!header) return fail_with(header.error());
+        const std::size_t fpdu_header_size = kUlpduLengthSize + header_size_;
+        std::span<const std::uint8_t> bytes;  // ULPDU_Length and the segment header
+        if (fpdu_start != nullptr && header_filled_ + (in.size() - consumed) >= fpdu_header_size) {
+          bytes = std::span(fpdu_start, fpdu_header_size);
+          consumed += fpdu_header_size - header_filled_;
+          header_filled_ = fpdu_header_size;
+        } else if (take_header_bytes(fpdu_header_size)) {
+          bytes = std::span(header_).first(fpdu_header_size);
+        } else {
+          return event;
+        }
+        if (auto ok = detail::decode_segment_header_into(bytes.subspan(kUlpduLengthSize), ulpdu_length_,
+                                                         event.header);
+            !ok) {
+          event.header = SegmentHeader{};
+          fail_with(event, ok.error());
+          return event;
+        }
         if (check_crc_) {
           crc_.reset();
-          crc_.update(std::span(header_).first(header_filled_));
+          crc_.update(bytes);
         }
         payload_left_ = ulpdu_length_ - header_size_;
         trailer_size_ = fpdu_padding(ulpdu_length_) + kFpduCrcSize;
         phase_ = payload_left_ > 0 ? Phase::payload : Phase::trailer;
-        FpduEvent event;
         event.kind = FpduEvent::Kind::header;
-        event.header = *header;
         event.payload_length = payload_left_;
         return event;
       }
       case Phase::payload: {
         const std::size_t n = std::min(in.size() - consumed, payload_left_);
-        if (n == 0) return {};
-        FpduEvent event;
+        if (n == 0) return event;
         event.kind = FpduEvent::Kind::payload;
         event.payload = in.subspan(consumed, n);
         consumed += n;
@@ -145,8 +209,9 @@ FpduEvent FpduStreamDecoder::next(std::span<const std::uint8_t> in, std::size_t&
         if (n > 0) std::memcpy(trailer_.data() + trailer_filled_, in.data() + consumed, n);
         trailer_filled_ += n;
         consumed += n;
-        if (trailer_filled_ < trailer_size_) return {};
-        return finish_trailer();
+        if (trailer_filled_ < trailer_size_) return event;
+        finish_trailer(event);
+        return event;
       }
     }
   }

@@ -36,14 +36,22 @@ class FpduFramer {
   Status<WireError> begin(const SegmentHeader& header, std::size_t payload_length);
   std::span<const std::uint8_t> prefix() const { return std::span(prefix_).first(prefix_size_); }
   // Feed each payload piece in order (only needed with CRC on).
-  void add_payload(std::span<const std::uint8_t> payload) { crc_.update(payload); }
+  void add_payload(std::span<const std::uint8_t> payload) {
+    if (!prefix_in_crc_) absorb_prefix();
+    crc_.update(payload);
+  }
   // Pad and CRC; with CRC off the CRC field is sent as zero (RFC 5044 §4.4 lets it hold anything).
   std::span<const std::uint8_t> finish(bool with_crc);
 
  private:
+  // The prefix enters the CRC lazily (first add_payload or finish(true)), so the CRC-off
+  // path computes no CRC at all.
+  void absorb_prefix();
+
   std::array<std::uint8_t, kUlpduLengthSize + kMaxSegmentHeaderSize> prefix_{};
   std::size_t prefix_size_ = 0;
   std::size_t padding_ = 0;
+  bool prefix_in_crc_ = false;
   Crc32c crc_;
   std::array<std::uint8_t, 3 + kFpduCrcSize> trailer_{};
 };
@@ -88,8 +96,9 @@ class FpduStreamDecoder {
 
  private:
   enum class Phase : std::uint8_t { length, header, payload, trailer, failed };
-  FpduEvent fail_with(WireError error);
-  FpduEvent finish_trailer();
+  // Both fill in the event next() returns (one FpduEvent per call, built in place).
+  void fail_with(FpduEvent& event, WireError error);
+  void finish_trailer(FpduEvent& event);
 
   bool check_crc_;
   std::size_t max_ulpdu_;
@@ -103,6 +112,7 @@ class FpduStreamDecoder {
   std::size_t trailer_filled_ = 0;
   std::size_t trailer_size_ = 0;
   Crc32c crc_;
+  WireError error_ = WireError::truncated;  // the error that failed the stream, repeated after
 };
 
 }  // namespace peercm::wire

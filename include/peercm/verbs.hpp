@@ -1,0 +1,183 @@
+// The verbs API: device context, protection domain, memory regions, completion queues and
+// RC queue pairs. Semantics follow libibverbs; ownership is RAII.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <system_error>
+
+#include "peercm/result.hpp"
+#include "peercm/verbs_types.hpp"
+
+namespace peercm {
+
+namespace detail {
+struct ContextImpl;
+struct CompletionQueueImpl;
+struct CompletionChannelImpl;
+struct QueuePairImpl;
+}  // namespace detail
+
+enum class ProgressMode : std::uint8_t {
+  thread,  // a progress thread per context drives the sockets, as RDMA hardware would
+  inline_, // the application's poll/get_event calls drive progress (lowest latency)
+};
+
+struct ContextOptions {
+  std::uint64_t node_guid = 0;  // 0: random
+  ProgressMode progress = ProgressMode::thread;
+};
+
+// One opened software iWARP device (a "node" of design.md §3).
+class Context {
+ public:
+  static Result<std::unique_ptr<Context>, std::errc> open(const ContextOptions& options = {});
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  std::uint64_t node_guid() const;
+  std::uint64_t incarnation() const;
+  ProgressMode progress_mode() const;
+  // Runs the I/O engine once, waiting at most `max_wait` (inline mode; harmless otherwise).
+  void progress(std::chrono::milliseconds max_wait = std::chrono::milliseconds(0));
+
+  detail::ContextImpl& impl() { return *impl_; }
+  std::shared_ptr<detail::ContextImpl> impl_shared() const { return impl_; }
+
+ private:
+  explicit Context(std::shared_ptr<detail::ContextImpl> impl);
+  std::shared_ptr<detail::ContextImpl> impl_;
+};
+
+class ProtectionDomain {
+ public:
+  static Result<std::unique_ptr<ProtectionDomain>, std::errc> allocate(Context& context);
+  ~ProtectionDomain();
+  ProtectionDomain(const ProtectionDomain&) = delete;
+  ProtectionDomain& operator=(const ProtectionDomain&) = delete;
+
+  Context& context() const { return context_; }
+  std::uint32_t handle() const { return handle_; }
+
+ private:
+  ProtectionDomain(Context& context, std::uint32_t handle) : context_(context), handle_(handle) {}
+  Context& context_;
+  std::uint32_t handle_;
+};
+
+// Registered memory. lkey == rkey: a 24-bit index and a random 8-bit key (an STag).
+class MemoryRegion {
+ public:
+  // `access` is a combination of Access flags.
+  static Result<std::unique_ptr<MemoryRegion>, std::errc> register_memory(ProtectionDomain& pd, void* addr,
+                                                                          std::size_t length, std::uint32_t access);
+  ~MemoryRegion();  // deregisters
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  void* addr() const { return addr_; }
+  std::size_t length() const { return length_; }
+  std::uint32_t lkey() const { return stag_; }
+  std::uint32_t rkey() const { return stag_; }
+  std::uint32_t access() const { return access_; }
+  // An SGE covering [offset, offset+length) of this region.
+  Sge sge(std::size_t offset, std::size_t length) const;
+  Sge sge() const { return sge(0, length_); }
+
+ private:
+  MemoryRegion(ProtectionDomain& pd, void* addr, std::size_t length, std::uint32_t access, std::uint32_t stag)
+      : pd_(pd), addr_(addr), length_(length), access_(access), stag_(stag) {}
+  ProtectionDomain& pd_;
+  void* addr_;
+  std::size_t length_;
+  std::uint32_t access_;
+  std::uint32_t stag_;
+};
+
+class CompletionQueue;
+
+// A pollable fd that becomes readable when an armed CQ gets a completion (ibv_comp_channel).
+class CompletionChannel {
+ public:
+  static Result<std::unique_ptr<CompletionChannel>, std::errc> create(Context& context);
+  ~CompletionChannel();
+  CompletionChannel(const CompletionChannel&) = delete;
+  CompletionChannel& operator=(const CompletionChannel&) = delete;
+
+  int fd() const;
+  // Waits for the next notification (ibv_get_cq_event); ETIMEDOUT after `timeout`
+  // (negative: forever). The CQ must be re-armed with request_notify().
+  Result<CompletionQueue*, std::errc> get_event(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+  void ack_events(CompletionQueue& cq, unsigned count);
+
+  detail::CompletionChannelImpl& impl() { return *impl_; }
+
+ private:
+  explicit CompletionChannel(Context& context);
+  Context& context_;
+  std::shared_ptr<detail::CompletionChannelImpl> impl_;
+};
+
+class CompletionQueue {
+ public:
+  static Result<std::unique_ptr<CompletionQueue>, std::errc> create(Context& context, std::uint32_t capacity,
+                                                                    CompletionChannel* channel = nullptr);
+  ~CompletionQueue();
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+
+  // Moves up to out.size() completions into `out`; returns how many.
+  std::size_t poll(std::span<WorkCompletion> out);
+  // Arms the channel for the next completion (or only the next solicited one).
+  Status<std::errc> request_notify(bool solicited_only = false);
+  std::uint32_t capacity() const;
+  // True once a completion could not be queued; the affected QPs went to ERROR.
+  bool overrun() const;
+  std::uint64_t events_acked() const;
+  Context& context() const { return context_; }
+
+  detail::CompletionQueueImpl& impl() { return *impl_; }
+  std::shared_ptr<detail::CompletionQueueImpl> impl_shared() const { return impl_; }
+
+ private:
+  CompletionQueue(Context& context, std::shared_ptr<detail::CompletionQueueImpl> impl);
+  Context& context_;
+  std::shared_ptr<detail::CompletionQueueImpl> impl_;
+};
+
+struct QpInitAttr {
+  CompletionQueue* send_cq = nullptr;
+  CompletionQueue* recv_cq = nullptr;
+  QpCaps caps;
+  bool sq_sig_all = true;
+};
+
+// An RC queue pair. Created through CmId::create_qp(), which binds it to a connection.
+class QueuePair {
+ public:
+  ~QueuePair();
+  QueuePair(const QueuePair&) = delete;
+  QueuePair& operator=(const QueuePair&) = delete;
+
+  std::uint32_t qp_num() const;
+  QpState state() const;
+  const QpCaps& caps() const;
+  // EINVAL for a malformed WR, ENOMEM when the queue is full. Work posted before the
+  // connection is established waits for it.
+  Status<std::errc> post_send(const SendWr& wr);
+  Status<std::errc> post_recv(const RecvWr& wr);
+  // Moves the QP to ERROR: outstanding work completes with a flush error.
+  void to_error();
+
+  detail::QueuePairImpl& impl() { return *impl_; }
+
+ private:
+  friend class CmId;
+  explicit QueuePair(std::shared_ptr<detail::QueuePairImpl> impl);
+  std::shared_ptr<detail::QueuePairImpl> impl_;
+};
+
+}  // namespace peercm

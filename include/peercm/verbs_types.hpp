@@ -1,0 +1,93 @@
+// Plain vocabulary types of the verbs API (work requests, completions, access flags),
+// shared by the public API and the protocol cores. Names follow libibverbs.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace peercm {
+
+// Memory access rights (ibv_access_flags).
+enum Access : std::uint32_t {
+  kAccessLocalWrite = 1u << 0,
+  kAccessRemoteWrite = 1u << 1,
+  kAccessRemoteRead = 1u << 2,
+};
+
+// A scatter/gather element: `length` bytes at `addr` inside the region of `lkey`.
+struct Sge {
+  std::uint64_t addr = 0;
+  std::uint32_t length = 0;
+  std::uint32_t lkey = 0;
+};
+
+enum class WrOpcode : std::uint8_t { send, send_with_invalidate, rdma_write, rdma_read };
+
+// Send flags (ibv_send_flags).
+enum SendFlags : std::uint32_t {
+  kSendFence = 1u << 0,      // wait for earlier RDMA Reads to complete
+  kSendSignaled = 1u << 1,   // generate a completion even when the QP does not signal all
+  kSendSolicited = 1u << 2,  // Send with Solicited Event
+  kSendInline = 1u << 3,     // the payload is copied at post time; SGE lkeys are ignored
+};
+
+struct SendWr {
+  std::uint64_t wr_id = 0;
+  WrOpcode opcode = WrOpcode::send;
+  std::uint32_t flags = 0;
+  std::vector<Sge> sg_list;
+  std::uint64_t remote_addr = 0;      // RDMA Write / Read: the peer's tagged offset
+  std::uint32_t rkey = 0;             // RDMA Write / Read: the peer's STag
+  std::uint32_t invalidate_rkey = 0;  // Send with Invalidate: the peer's STag to invalidate
+};
+
+struct RecvWr {
+  std::uint64_t wr_id = 0;
+  std::vector<Sge> sg_list;
+};
+
+enum class WcStatus : std::uint8_t {
+  success,
+  local_length_error,
+  local_qp_operation_error,
+  local_protection_error,
+  wr_flush_error,
+  remote_invalid_request_error,
+  remote_access_error,
+  remote_operation_error,
+  fatal_error,
+};
+
+enum class WcOpcode : std::uint8_t { send, rdma_write, rdma_read, recv };
+
+enum WcFlags : std::uint32_t {
+  kWcWithInvalidate = 1u << 0,  // the peer's Send invalidated `invalidated_rkey`
+  kWcSolicited = 1u << 1,       // the Send carried the Solicited Event bit
+};
+
+struct WorkCompletion {
+  std::uint64_t wr_id = 0;
+  WcStatus status = WcStatus::success;
+  WcOpcode opcode = WcOpcode::send;
+  std::uint32_t byte_len = 0;
+  std::uint32_t qp_num = 0;
+  std::uint32_t wc_flags = 0;
+  std::uint32_t invalidated_rkey = 0;
+};
+
+enum class QpState : std::uint8_t { reset, init, rtr, rts, error };
+
+struct QpCaps {
+  std::uint32_t max_send_wr = 128;
+  std::uint32_t max_recv_wr = 128;
+  std::uint32_t max_send_sge = 4;
+  std::uint32_t max_recv_sge = 4;
+  std::uint32_t max_inline_data = 256;
+};
+
+std::string_view to_string(WcStatus status);
+std::string_view to_string(WcOpcode opcode);
+std::string_view to_string(QpState state);
+
+}  // namespace peercm

@@ -1,0 +1,500 @@
+// CmId: rdma_cm semantics over MPA/TCP connections.
+#include <arpa/inet.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+
+#include "api/cm_id_impl.hpp"
+#include "wire/cm_header.hpp"
+
+namespace peercm {
+namespace {
+
+std::atomic<bool> g_default_peer_to_peer{true};
+
+}  // namespace
+
+void set_default_peer_to_peer(bool on) { g_default_peer_to_peer.store(on); }
+bool default_peer_to_peer() { return g_default_peer_to_peer.load(); }
+
+std::string_view to_string(CmEventType type) {
+  switch (type) {
+    case CmEventType::addr_resolved: return "ADDR_RESOLVED";
+    case CmEventType::addr_error: return "ADDR_ERROR";
+    case CmEventType::route_resolved: return "ROUTE_RESOLVED";
+    case CmEventType::route_error: return "ROUTE_ERROR";
+    case CmEventType::connect_request: return "CONNECT_REQUEST";
+    case CmEventType::connect_response: return "CONNECT_RESPONSE";
+    case CmEventType::established: return "ESTABLISHED";
+    case CmEventType::rejected: return "REJECTED";
+    case CmEventType::unreachable: return "UNREACHABLE";
+    case CmEventType::connect_error: return "CONNECT_ERROR";
+    case CmEventType::disconnected: return "DISCONNECTED";
+    case CmEventType::timewait_exit: return "TIMEWAIT_EXIT";
+  }
+  return "UNKNOWN";
+}
+
+std::string_view to_string(RejectReason reason) {
+  switch (reason) {
+    case RejectReason::none: return "none";
+    case RejectReason::application: return "application";
+    case RejectReason::refused: return "refused";
+    case RejectReason::collision: return "p2p collision";
+    case RejectReason::duplicate: return "duplicate";
+    case RejectReason::timeout: return "timeout";
+    case RejectReason::markers: return "markers";
+    case RejectReason::invalid: return "invalid";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+CmIdImpl::CmIdImpl(std::shared_ptr<ContextImpl> context, std::shared_ptr<EventChannelImpl> chan, void* user)
+    : ctx(std::move(context)),
+      channel(std::move(chan)),
+      user_context(user),
+      number(ctx->next_cmid()),
+      peer_to_peer(default_peer_to_peer()) {}
+
+CmIdImpl::~CmIdImpl() {
+  if (listen_fd >= 0) {
+    ctx->reactor.remove(listen_fd);
+    ::close(listen_fd);
+  }
+}
+
+void CmIdImpl::emit(CmEventType type, int status, ConnParam param, RejectReason reason) {
+  if (!owner) return;
+  CmEvent event;
+  event.type = type;
+  event.id = owner;
+  event.status = status;
+  event.param = std::move(param);
+  event.reject_reason = reason;
+  channel->push(std::move(event));
+}
+
+void CmIdImpl::emit_disconnected() {
+  if (disconnected_emitted) return;
+  disconnected_emitted = true;
+  state = State::disconnected;
+  emit(CmEventType::disconnected);
+}
+
+core::MpaConfig CmIdImpl::mpa_config(std::uint16_t ird, std::uint16_t ord) const {
+  core::MpaConfig config;
+  config.crc = crc;
+  config.enhanced = true;
+  config.peer_to_peer = peer_to_peer;
+  config.ird = ird;
+  config.ord = ord;
+  config.timeout = std::chrono::milliseconds(connect_timeout_ms);
+  return config;
+}
+
+Connection::Callbacks CmIdImpl::connection_callbacks() {
+  std::weak_ptr<CmIdImpl> weak = weak_from_this();
+  Connection::Callbacks cb;
+  cb.tcp_failed = [weak](int error) {
+    auto self = weak.lock();
+    if (!self) return;
+    self->state = State::route_resolved;
+    self->connection.reset();
+    if (error == ECONNREFUSED) {
+      self->ctx->stats.rejects_received[static_cast<int>(RejectReason::refused)]++;
+      self->emit(CmEventType::rejected, ECONNREFUSED, {}, RejectReason::refused);
+    } else {
+      self->emit(CmEventType::unreachable, error);
+    }
+  };
+  cb.mpa_event = [weak](core::MpaEvent& event) {
+    auto self = weak.lock();
+    if (!self) return;
+    ConnParam param;
+    param.private_data = event.result.peer_private_data;
+    // Resources as the peer sees them (rdma_cm swaps them in events).
+    param.responder_resources = static_cast<std::uint8_t>(std::min<int>(event.result.peer_ord, 255));
+    param.initiator_depth = static_cast<std::uint8_t>(std::min<int>(event.result.peer_ird, 255));
+    switch (event.kind) {
+      case core::MpaEvent::Kind::established:
+        self->state = State::established;
+        if (self->connection) self->peer = self->connection->peer_address();
+        self->emit(CmEventType::established, 0, std::move(param));
+        break;
+      case core::MpaEvent::Kind::rejected:
+        self->state = State::route_resolved;
+        self->ctx->stats.rejects_received[static_cast<int>(RejectReason::application)]++;
+        self->emit(CmEventType::rejected, ECONNREFUSED, std::move(param), RejectReason::application);
+        break;
+      case core::MpaEvent::Kind::failed: {
+        const bool passive = self->state == State::accepting;
+        self->state = passive ? State::disconnected : State::route_resolved;
+        const int status = event.failure == core::MpaFailure::timeout ? ETIMEDOUT : ECONNRESET;
+        const RejectReason reason = event.failure == core::MpaFailure::timeout ? RejectReason::timeout
+                                    : event.failure == core::MpaFailure::markers_requested ? RejectReason::markers
+                                                                                          : RejectReason::invalid;
+        self->emit(CmEventType::connect_error, status, {}, reason);
+        break;
+      }
+      case core::MpaEvent::Kind::request_received:
+        break;  // handled by the listener
+    }
+  };
+  cb.qp_event = [weak](const core::QpEvent&) {
+    auto self = weak.lock();
+    if (!self) return;
+    self->emit_disconnected();
+  };
+  cb.closed = [weak] {
+    auto self = weak.lock();
+    if (!self) return;
+    if (self->state == State::established) self->emit_disconnected();
+    if (self->disconnected_emitted && !self->timewait_emitted) {
+      self->timewait_emitted = true;
+      self->emit(CmEventType::timewait_exit);
+    }
+    self->release_pending();
+  };
+  return cb;
+}
+
+void CmIdImpl::release_pending() {
+  if (!counted_in_backlog) return;
+  counted_in_backlog = false;
+  if (auto l = listener.lock()) {
+    if (l->pending > 0) --l->pending;
+  }
+}
+
+void CmIdImpl::on_listen_readable() {
+  for (;;) {
+    sockaddr_in from{};
+    socklen_t len = sizeof from;
+    const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;  // EAGAIN, or a transient error: the next readiness retries
+    if (pending >= static_cast<std::size_t>(backlog)) {
+      ::close(fd);  // over the backlog: refuse rather than queue without bound
+      continue;
+    }
+    ++pending;
+    // The handshake runs before any CmId exists; a holder keeps the connection alive.
+    auto holder = std::make_shared<std::shared_ptr<Connection>>();
+    std::weak_ptr<CmIdImpl> weak = weak_from_this();
+    Connection::Callbacks cb;
+    cb.mpa_event = [weak, holder](core::MpaEvent& event) {
+      auto self = weak.lock();
+      if (!self || !*holder) return;
+      if (event.kind == core::MpaEvent::Kind::request_received) self->on_incoming_request(*holder);
+    };
+    cb.closed = [weak, holder] {
+      // Closed before a CmId took it over (timeout, garbage, peer gone).
+      if (auto self = weak.lock()) {
+        std::erase(self->handshaking, *holder);
+        if (self->pending > 0) --self->pending;
+      }
+      holder->reset();
+    };
+    auto conn = Connection::adopt(ctx, fd, mpa_config(16, 16), std::move(cb));
+    if (!conn) {
+      --pending;
+      continue;
+    }
+    *holder = *conn;
+    handshaking.push_back(*conn);
+  }
+}
+
+void CmIdImpl::on_incoming_request(const std::shared_ptr<Connection>& conn) {
+  std::erase(handshaking, conn);
+  const core::MpaResult& request = conn->responder()->request();
+  std::span<const std::uint8_t> app_data = request.peer_private_data;
+  if (request.peer_to_peer) {
+    // design.md §3 rule 1: a p2p request starts with the CM header.
+    if (auto header = wire::decode_cm_header(app_data)) app_data = header->application_data;
+  }
+  auto child_impl = std::make_shared<CmIdImpl>(ctx, channel, user_context);
+  child_impl->public_context = public_context;
+  child_impl->state = State::request_received;
+  child_impl->peer_to_peer = peer_to_peer;
+  child_impl->crc = crc;
+  child_impl->connect_timeout_ms = connect_timeout_ms;
+  child_impl->listener = weak_from_this();
+  child_impl->counted_in_backlog = true;
+  child_impl->connection = conn;
+  child_impl->peer = conn->peer_address();
+  std::unique_ptr<CmId> child(new CmId(child_impl));
+  child_impl->owner = child.get();
+  // The connection now reports to the child id.
+  conn->set_callbacks(child_impl->connection_callbacks());
+
+  CmEvent event;
+  event.type = CmEventType::connect_request;
+  event.id = child.get();
+  event.listen_id = owner;
+  event.param.private_data.assign(app_data.begin(), app_data.end());
+  event.param.responder_resources = static_cast<std::uint8_t>(std::min<int>(request.peer_ord, 255));
+  event.param.initiator_depth = static_cast<std::uint8_t>(std::min<int>(request.peer_ird, 255));
+  event.new_id = std::move(child);
+  channel->push(std::move(event));
+}
+
+}  // namespace detail
+
+// --- CmId ---
+
+Result<std::unique_ptr<CmId>, std::errc> CmId::create(Context& context, EventChannel& channel, void* user_context) {
+  auto impl = std::make_shared<detail::CmIdImpl>(context.impl_shared(), channel.impl_shared(), user_context);
+  channel.impl().attach(context.impl_shared());
+  impl->public_context = &context;
+  std::unique_ptr<CmId> id(new CmId(impl));
+  impl->owner = id.get();
+  return id;
+}
+
+CmId::CmId(std::shared_ptr<detail::CmIdImpl> impl) : impl_(std::move(impl)) {}
+
+CmId::~CmId() {
+  auto ctx = impl_->ctx;
+  std::unique_ptr<QueuePair> qp;  // destroyed after the lock is released: it takes the lock itself
+  std::lock_guard lock(ctx->mutex);
+  impl_->owner = nullptr;
+  if (impl_->connection) {
+    impl_->connection->set_callbacks({});
+    impl_->connection->abort();
+    impl_->connection.reset();
+  }
+  impl_->release_pending();
+  for (auto& conn : impl_->handshaking) conn->abort();
+  impl_->handshaking.clear();
+  if (impl_->listen_fd >= 0) {
+    ctx->reactor.remove(impl_->listen_fd);
+    ::close(impl_->listen_fd);
+    impl_->listen_fd = -1;
+  }
+  qp = std::move(impl_->qp);
+  impl_->qp_impl.reset();
+}
+
+Status<std::errc> CmId::set_option(CmOption option, std::int64_t value) {
+  std::lock_guard lock(impl_->ctx->mutex);
+  switch (option) {
+    case CmOption::peer_to_peer:
+      if (value != 0 && value != 1) return fail(std::errc::invalid_argument);
+      if (impl_->state != detail::CmIdImpl::State::idle && impl_->state != detail::CmIdImpl::State::bound &&
+          impl_->state != detail::CmIdImpl::State::addr_resolved &&
+          impl_->state != detail::CmIdImpl::State::route_resolved)
+        return fail(std::errc::operation_in_progress);
+      impl_->peer_to_peer = value == 1;
+      return {};
+    case CmOption::connect_timeout:
+      if (value <= 0) return fail(std::errc::invalid_argument);
+      impl_->connect_timeout_ms = value;
+      return {};
+    case CmOption::crc:
+      if (value < 0 || value > 2) return fail(std::errc::invalid_argument);
+      impl_->crc = static_cast<core::CrcPolicy>(value);
+      return {};
+    case CmOption::p2p_tag:
+      if (value < 0 || value > 0xFFFFFFFF) return fail(std::errc::invalid_argument);
+      impl_->tag = static_cast<std::uint32_t>(value);
+      return {};
+  }
+  return fail(std::errc::function_not_supported);
+}
+
+std::int64_t CmId::option(CmOption option) const {
+  std::lock_guard lock(impl_->ctx->mutex);
+  switch (option) {
+    case CmOption::peer_to_peer: return impl_->peer_to_peer ? 1 : 0;
+    case CmOption::connect_timeout: return impl_->connect_timeout_ms;
+    case CmOption::crc: return static_cast<std::int64_t>(impl_->crc);
+    case CmOption::p2p_tag: return impl_->tag;
+  }
+  return -1;
+}
+
+Status<std::errc> CmId::bind(const sockaddr_in& address) {
+  std::lock_guard lock(impl_->ctx->mutex);
+  if (address.sin_family != AF_INET) return fail(std::errc::address_family_not_supported);
+  if (impl_->state != detail::CmIdImpl::State::idle) return fail(std::errc::invalid_argument);
+  impl_->bound_address = address;
+  impl_->state = detail::CmIdImpl::State::bound;
+  return {};
+}
+
+Status<std::errc> CmId::listen(int backlog) {
+  auto& impl = *impl_;
+  std::lock_guard lock(impl.ctx->mutex);
+  if (impl.state != detail::CmIdImpl::State::bound && impl.state != detail::CmIdImpl::State::idle)
+    return fail(std::errc::invalid_argument);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(static_cast<std::errc>(errno));
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in address = impl.bound_address.value_or(sockaddr_in{.sin_family = AF_INET});
+  if (backlog <= 0) backlog = SOMAXCONN;
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 || ::listen(fd, backlog) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return fail(static_cast<std::errc>(err));
+  }
+  socklen_t len = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &len);
+  impl.bound_address = address;
+  impl.listen_fd = fd;
+  impl.backlog = backlog;
+  impl.state = detail::CmIdImpl::State::listening;
+  std::weak_ptr<detail::CmIdImpl> weak = impl_;
+  auto added = impl.ctx->reactor.add(fd, EPOLLIN, [weak](std::uint32_t) {
+    if (auto self = weak.lock()) self->on_listen_readable();
+  });
+  if (!added) return fail(added.error());
+  return {};
+}
+
+Status<std::errc> CmId::resolve_addr(const sockaddr_in& destination, std::chrono::milliseconds) {
+  std::lock_guard lock(impl_->ctx->mutex);
+  if (impl_->state != detail::CmIdImpl::State::idle && impl_->state != detail::CmIdImpl::State::bound)
+    return fail(std::errc::invalid_argument);
+  if (destination.sin_family != AF_INET) {
+    impl_->emit(CmEventType::addr_error, EAFNOSUPPORT);
+    return {};
+  }
+  if (destination.sin_addr.s_addr == htonl(INADDR_ANY) || destination.sin_port == 0) {
+    impl_->emit(CmEventType::addr_error, EADDRNOTAVAIL);
+    return {};
+  }
+  impl_->destination = destination;
+  impl_->state = detail::CmIdImpl::State::addr_resolved;
+  impl_->emit(CmEventType::addr_resolved);
+  return {};
+}
+
+Status<std::errc> CmId::resolve_route(std::chrono::milliseconds) {
+  std::lock_guard lock(impl_->ctx->mutex);
+  if (impl_->state != detail::CmIdImpl::State::addr_resolved) return fail(std::errc::invalid_argument);
+  impl_->state = detail::CmIdImpl::State::route_resolved;
+  impl_->emit(CmEventType::route_resolved);
+  return {};
+}
+
+Status<std::errc> CmId::connect(const ConnParam& param) {
+  auto& impl = *impl_;
+  std::lock_guard lock(impl.ctx->mutex);
+  if (impl.state == detail::CmIdImpl::State::established) return fail(std::errc::already_connected);
+  if (impl.state == detail::CmIdImpl::State::connecting) return fail(std::errc::connection_already_in_progress);
+  if (impl.state != detail::CmIdImpl::State::route_resolved) return fail(std::errc::invalid_argument);
+  if (!impl.qp_impl) return fail(std::errc::invalid_argument);
+  std::vector<std::uint8_t> private_data;
+  if (impl.peer_to_peer) {
+    // design.md §3 rule 1: the CM header leads the private data of a p2p request.
+    private_data.resize(wire::kCmHeaderSize);
+    wire::CmHeader header{.node_guid = impl.ctx->node_guid,
+                          .incarnation = impl.ctx->incarnation,
+                          .listen_port = 0,
+                          .tag = impl.tag,
+                          .cmid = impl.number};
+    [[maybe_unused]] auto n = wire::encode_cm_header(header, private_data);
+  }
+  private_data.insert(private_data.end(), param.private_data.begin(), param.private_data.end());
+  const std::size_t limit = wire::kMpaMaxPrivateData - wire::kIrdOrdBlockSize;
+  if (private_data.size() > limit) return fail(std::errc::invalid_argument);
+  auto conn = detail::Connection::open(impl.ctx, impl.destination, impl.bound_address,
+                                       impl.mpa_config(param.responder_resources, param.initiator_depth),
+                                       std::move(private_data), impl.connection_callbacks());
+  if (!conn) return fail(conn.error());
+  impl.connection = *conn;
+  impl.connection->bind_qp(impl.qp_impl);
+  impl.state = detail::CmIdImpl::State::connecting;
+  return {};
+}
+
+Status<std::errc> CmId::accept(const ConnParam& param) {
+  auto& impl = *impl_;
+  std::lock_guard lock(impl.ctx->mutex);
+  if (impl.state != detail::CmIdImpl::State::request_received || !impl.connection) return fail(std::errc::invalid_argument);
+  if (!impl.qp_impl) return fail(std::errc::invalid_argument);
+  if (param.private_data.size() > wire::kMpaMaxPrivateData - wire::kIrdOrdBlockSize)
+    return fail(std::errc::invalid_argument);
+  impl.state = detail::CmIdImpl::State::accepting;
+  impl.release_pending();
+  impl.connection->accept(impl.qp_impl, param.responder_resources, param.initiator_depth, param.private_data);
+  return {};
+}
+
+Status<std::errc> CmId::reject(std::span<const std::uint8_t> private_data) {
+  auto& impl = *impl_;
+  std::lock_guard lock(impl.ctx->mutex);
+  if (impl.state != detail::CmIdImpl::State::request_received || !impl.connection) return fail(std::errc::invalid_argument);
+  if (private_data.size() > wire::kMpaMaxPrivateData - wire::kIrdOrdBlockSize) return fail(std::errc::invalid_argument);
+  impl.ctx->stats.rejects_sent[static_cast<int>(RejectReason::application)]++;
+  impl.release_pending();
+  auto conn = std::move(impl.connection);
+  conn->set_callbacks({});
+  conn->reject(private_data);
+  impl.state = detail::CmIdImpl::State::idle;
+  return {};
+}
+
+Status<std::errc> CmId::establish() { return fail(std::errc::function_not_supported); }
+
+Status<std::errc> CmId::disconnect() {
+  auto& impl = *impl_;
+  std::lock_guard lock(impl.ctx->mutex);
+  if (!impl.connection) return fail(std::errc::not_connected);
+  if (impl.state != detail::CmIdImpl::State::established && impl.state != detail::CmIdImpl::State::disconnected &&
+      impl.state != detail::CmIdImpl::State::accepting && impl.state != detail::CmIdImpl::State::connecting)
+    return fail(std::errc::invalid_argument);
+  auto conn = impl.connection;
+  impl.emit_disconnected();
+  conn->disconnect();
+  return {};
+}
+
+Result<QueuePair*, std::errc> CmId::create_qp(ProtectionDomain& pd, const QpInitAttr& attr) {
+  if (!attr.send_cq || !attr.recv_cq) return fail(std::errc::invalid_argument);
+  auto& impl = *impl_;
+  std::lock_guard lock(impl.ctx->mutex);
+  if (impl.qp) return fail(std::errc::invalid_argument);
+  impl.qp_impl = std::make_shared<detail::QueuePairImpl>(impl.ctx, pd.handle(), attr);
+  impl.qp.reset(new QueuePair(impl.qp_impl));
+  if (impl.connection && impl.state == detail::CmIdImpl::State::connecting) impl.connection->bind_qp(impl.qp_impl);
+  return impl.qp.get();
+}
+
+void CmId::destroy_qp() {
+  std::unique_ptr<QueuePair> qp;
+  {
+    std::lock_guard lock(impl_->ctx->mutex);
+    qp = std::move(impl_->qp);
+  }
+  qp.reset();
+}
+
+QueuePair* CmId::qp() const { return impl_->qp.get(); }
+Context& CmId::context() const { return *impl_->public_context; }
+void* CmId::user_context() const { return impl_->user_context; }
+std::uint32_t CmId::number() const { return impl_->number; }
+
+sockaddr_in CmId::local_address() const {
+  std::lock_guard lock(impl_->ctx->mutex);
+  if (impl_->connection && impl_->connection->is_open()) return impl_->connection->local_address();
+  return impl_->bound_address.value_or(sockaddr_in{});
+}
+
+sockaddr_in CmId::peer_address() const {
+  std::lock_guard lock(impl_->ctx->mutex);
+  return impl_->peer;
+}
+
+CmStats cm_stats(Context& context) {
+  std::lock_guard lock(context.impl().mutex);
+  return context.impl().stats;
+}
+
+}  // namespace peercm

@@ -1,0 +1,79 @@
+// The state behind a CmId: rdma_cm's address/route/connect/listen life cycle on top of a
+// Connection. All members are guarded by the context lock.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "api/connection.hpp"
+#include "api/context_impl.hpp"
+#include "api/event_channel_impl.hpp"
+#include "api/queue_pair_impl.hpp"
+#include "peercm/cm.hpp"
+
+namespace peercm::detail {
+
+struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
+  enum class State : std::uint8_t {
+    idle,
+    bound,
+    addr_resolved,
+    route_resolved,
+    connecting,
+    listening,
+    request_received,  // passive: CONNECT_REQUEST delivered, accept()/reject() pending
+    accepting,
+    established,
+    disconnected,
+  };
+
+  CmIdImpl(std::shared_ptr<ContextImpl> ctx, std::shared_ptr<EventChannelImpl> channel, void* user_context);
+  ~CmIdImpl();
+
+  // Events are queued to the channel with `owner` as their id.
+  void emit(CmEventType type, int status = 0, ConnParam param = {}, RejectReason reason = RejectReason::none);
+  void emit_disconnected();
+  Connection::Callbacks connection_callbacks();
+  core::MpaConfig mpa_config(std::uint16_t ird, std::uint16_t ord) const;
+
+  // listener side
+  void on_listen_readable();
+  void on_incoming_request(const std::shared_ptr<Connection>& conn);
+  void release_pending();
+
+  std::shared_ptr<ContextImpl> ctx;
+  std::shared_ptr<EventChannelImpl> channel;
+  CmId* owner = nullptr;
+  Context* public_context = nullptr;
+  void* user_context;
+  std::uint32_t number;
+  State state = State::idle;
+  bool peer_to_peer;
+  std::int64_t connect_timeout_ms = 10000;
+  core::CrcPolicy crc = core::CrcPolicy::preferred;
+  std::uint32_t tag = 0;
+
+  std::optional<sockaddr_in> bound_address;
+  sockaddr_in destination{};
+  sockaddr_in peer{};
+
+  // listener
+  int listen_fd = -1;
+  int backlog = 0;
+  std::size_t pending = 0;  // handshakes and undecided requests counted against the backlog
+  std::vector<std::shared_ptr<Connection>> handshaking;
+
+  // connection
+  std::shared_ptr<Connection> connection;
+  std::weak_ptr<CmIdImpl> listener;  // passive ids: the listener whose backlog they count in
+  bool counted_in_backlog = false;
+  std::shared_ptr<QueuePairImpl> qp_impl;
+  std::unique_ptr<QueuePair> qp;
+  bool disconnected_emitted = false;
+  bool timewait_emitted = false;
+};
+
+}  // namespace peercm::detail

@@ -1,0 +1,141 @@
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "api/completion_queue_impl.hpp"
+
+namespace peercm {
+namespace detail {
+
+CompletionChannelImpl::CompletionChannelImpl() : event_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+CompletionChannelImpl::~CompletionChannelImpl() {
+  if (event_fd >= 0) ::close(event_fd);
+}
+
+void CompletionChannelImpl::notify(CompletionQueue* cq) {
+  {
+    std::lock_guard lock(mutex);
+    ready.push_back(cq);
+  }
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(event_fd, &one, sizeof one);
+}
+
+CompletionQueueImpl::CompletionQueueImpl(std::shared_ptr<ContextImpl> ctx, std::uint32_t capacity,
+                                         CompletionChannelImpl* chan)
+    : context(std::move(ctx)), ring(capacity), channel(chan) {}
+
+bool CompletionQueueImpl::push(const WorkCompletion& completion) {
+  const std::size_t n = count.load(std::memory_order_relaxed);
+  if (n == ring.size()) {
+    overrun.store(true, std::memory_order_relaxed);
+    return false;
+  }
+  ring[(head + n) % ring.size()] = completion;
+  count.store(n + 1, std::memory_order_release);
+  if (arm == Arm::next && channel) {
+    arm = Arm::none;
+    channel->notify(owner);
+  }
+  return true;
+}
+
+void CompletionQueueImpl::solicited() {
+  if (arm == Arm::solicited && channel) {
+    arm = Arm::none;
+    channel->notify(owner);
+  }
+}
+
+}  // namespace detail
+
+Result<std::unique_ptr<CompletionChannel>, std::errc> CompletionChannel::create(Context& context) {
+  std::unique_ptr<CompletionChannel> channel(new CompletionChannel(context));
+  if (channel->impl_->event_fd < 0) return fail(static_cast<std::errc>(errno));
+  return channel;
+}
+
+CompletionChannel::CompletionChannel(Context& context)
+    : context_(context), impl_(std::make_shared<detail::CompletionChannelImpl>()) {}
+CompletionChannel::~CompletionChannel() = default;
+int CompletionChannel::fd() const { return impl_->event_fd; }
+
+Result<CompletionQueue*, std::errc> CompletionChannel::get_event(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    {
+      std::lock_guard lock(impl_->mutex);
+      if (!impl_->ready.empty()) {
+        CompletionQueue* cq = impl_->ready.front();
+        impl_->ready.erase(impl_->ready.begin());
+        std::uint64_t drained;
+        if (impl_->ready.empty()) [[maybe_unused]] auto n = ::read(impl_->event_fd, &drained, sizeof drained);
+        return cq;
+      }
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (timeout.count() >= 0 && left.count() <= 0) return fail(std::errc::timed_out);
+    if (context_.progress_mode() == ProgressMode::inline_) {
+      context_.progress(std::chrono::milliseconds(timeout.count() < 0 ? 10 : std::min<long>(left.count(), 10)));
+    } else {
+      pollfd pfd{impl_->event_fd, POLLIN, 0};
+      ::poll(&pfd, 1, timeout.count() < 0 ? -1 : static_cast<int>(left.count()));
+    }
+  }
+}
+
+void CompletionChannel::ack_events(CompletionQueue& cq, unsigned count) {
+  std::lock_guard lock(cq.context().impl().mutex);
+  cq.impl().acked += count;
+}
+
+Result<std::unique_ptr<CompletionQueue>, std::errc> CompletionQueue::create(Context& context, std::uint32_t capacity,
+                                                                            CompletionChannel* channel) {
+  if (capacity == 0 || capacity > (1u << 22)) return fail(std::errc::invalid_argument);
+  auto impl = std::make_shared<detail::CompletionQueueImpl>(context.impl_shared(), capacity,
+                                                            channel ? &channel->impl() : nullptr);
+  std::unique_ptr<CompletionQueue> cq(new CompletionQueue(context, impl));
+  impl->owner = cq.get();
+  return cq;
+}
+
+CompletionQueue::CompletionQueue(Context& context, std::shared_ptr<detail::CompletionQueueImpl> impl)
+    : context_(context), impl_(std::move(impl)) {}
+CompletionQueue::~CompletionQueue() {
+  std::lock_guard lock(impl_->context->mutex);
+  impl_->owner = nullptr;
+  impl_->channel = nullptr;
+}
+
+std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) {
+  if (impl_->count.load(std::memory_order_acquire) == 0) {
+    if (context_.progress_mode() != ProgressMode::inline_) return 0;
+    context_.progress();
+    if (impl_->count.load(std::memory_order_acquire) == 0) return 0;
+  }
+  std::lock_guard lock(impl_->context->mutex);
+  auto& q = *impl_;
+  const std::size_t n = std::min(out.size(), q.count.load(std::memory_order_relaxed));
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i] = q.ring[q.head];
+    q.head = (q.head + 1) % q.ring.size();
+  }
+  q.count.store(q.count.load(std::memory_order_relaxed) - n, std::memory_order_release);
+  return n;
+}
+
+Status<std::errc> CompletionQueue::request_notify(bool solicited_only) {
+  std::lock_guard lock(impl_->context->mutex);
+  if (!impl_->channel) return fail(std::errc::invalid_argument);
+  impl_->arm = solicited_only ? detail::CompletionQueueImpl::Arm::solicited : detail::CompletionQueueImpl::Arm::next;
+  return {};
+}
+
+std::uint32_t CompletionQueue::capacity() const { return static_cast<std::uint32_t>(impl_->ring.size()); }
+bool CompletionQueue::overrun() const { return impl_->overrun.load(); }
+std::uint64_t CompletionQueue::events_acked() const { return impl_->acked; }
+
+}  // namespace peercm

@@ -1,0 +1,42 @@
+// A completion queue: a bounded ring the queue-pair engines push into (under the context
+// lock) and the application polls. Overrun is reported, never written past.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "api/context_impl.hpp"
+#include "core/queue_pair_engine.hpp"
+
+namespace peercm::detail {
+
+struct CompletionChannelImpl {
+  CompletionChannelImpl();
+  ~CompletionChannelImpl();
+  void notify(CompletionQueue* cq);  // called with the context lock held
+
+  int event_fd = -1;
+  std::mutex mutex;  // after the context lock in lock order
+  std::vector<CompletionQueue*> ready;
+  std::shared_ptr<ContextImpl> context;
+};
+
+struct CompletionQueueImpl final : core::CompletionSink {
+  CompletionQueueImpl(std::shared_ptr<ContextImpl> ctx, std::uint32_t capacity, CompletionChannelImpl* channel);
+
+  bool push(const WorkCompletion& completion) override;
+  void solicited() override;
+
+  std::shared_ptr<ContextImpl> context;
+  std::vector<WorkCompletion> ring;
+  std::size_t head = 0;
+  std::atomic<std::size_t> count{0};  // read without the lock by poll's fast path
+  std::atomic<bool> overrun{false};
+  CompletionChannelImpl* channel;
+  CompletionQueue* owner = nullptr;
+  enum class Arm : std::uint8_t { none, next, solicited } arm = Arm::none;
+  std::uint64_t acked = 0;
+};
+
+}  // namespace peercm::detail

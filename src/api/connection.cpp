@@ -1,0 +1,455 @@
+#include "api/connection.hpp"
+
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "wire/fpdu.hpp"
+
+namespace peercm::detail {
+namespace {
+
+constexpr std::size_t kReceiveBufferSize = 256 * 1024;
+constexpr std::size_t kMaxIovecs = 64;
+constexpr std::size_t kHeaderReadSize = 128;
+constexpr std::size_t kZeroCopyThreshold = 8192;
+
+core::Time core_now() { return core::Time(std::chrono::steady_clock::now().time_since_epoch()); }
+
+void set_socket_options(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+std::size_t emss_of(int fd) {
+  int mss = 0;
+  socklen_t len = sizeof mss;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &len) != 0 || mss <= 0) return 1460;
+  return static_cast<std::size_t>(mss);
+}
+
+}  // namespace
+
+Connection::Connection(std::shared_ptr<ContextImpl> ctx, int fd, Callbacks callbacks)
+    : ctx_(std::move(ctx)), fd_(fd), callbacks_(std::move(callbacks)) {}
+
+Connection::~Connection() {
+  if (fd_ >= 0) {
+    ctx_->reactor.remove(fd_);
+    ::close(fd_);
+  }
+  if (mpa_timer_) ctx_->reactor.cancel_timer(*mpa_timer_);
+}
+
+Result<std::shared_ptr<Connection>, std::errc> Connection::open(std::shared_ptr<ContextImpl> ctx,
+                                                                const sockaddr_in& destination,
+                                                                const std::optional<sockaddr_in>& source,
+                                                                const core::MpaConfig& config,
+                                                                std::vector<std::uint8_t> request_private_data,
+                                                                Callbacks callbacks) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(static_cast<std::errc>(errno));
+  set_socket_options(fd);
+  if (source) {
+    sockaddr_in src = *source;
+    src.sin_port = 0;  // the listener's port stays the listener's
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&src), sizeof src) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return fail(static_cast<std::errc>(err));
+    }
+  }
+  auto conn = std::make_shared<Connection>(ctx, fd, std::move(callbacks));
+  conn->config_ = config;
+  conn->request_private_data_ = std::move(request_private_data);
+  // Created now so that its deadline bounds the TCP connect as well.
+  conn->initiator_.emplace(config, conn->request_private_data_, core_now());
+  conn->phase_ = Phase::tcp_connecting;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&destination), sizeof destination) != 0 &&
+      errno != EINPROGRESS) {
+    return fail(static_cast<std::errc>(errno));  // the destructor closes fd
+  }
+  conn->want_write_ = true;
+  conn->register_io();
+  // The whole setup, TCP included, is bounded by the connect timeout.
+  conn->arm_mpa_timer(std::chrono::steady_clock::now() + config.timeout);
+  return conn;
+}
+
+Result<std::shared_ptr<Connection>, std::errc> Connection::adopt(std::shared_ptr<ContextImpl> ctx, int fd,
+                                                                 const core::MpaConfig& config, Callbacks callbacks) {
+  set_socket_options(fd);
+  auto conn = std::make_shared<Connection>(ctx, fd, std::move(callbacks));
+  conn->config_ = config;
+  conn->responder_.emplace(config, core_now());
+  conn->phase_ = Phase::mpa;
+  conn->register_io();
+  conn->arm_mpa_timer(std::chrono::steady_clock::now() + config.timeout);
+  return conn;
+}
+
+void Connection::register_io() {
+  std::weak_ptr<Connection> weak = weak_from_this();
+  auto ok = ctx_->reactor.add(fd_, EPOLLIN | EPOLLRDHUP | (want_write_ ? EPOLLOUT : 0u), [weak](std::uint32_t events) {
+    if (auto self = weak.lock()) self->on_io(events);
+  });
+  registered_ = ok.has_value();
+}
+
+void Connection::update_interest() {
+  if (fd_ < 0 || !registered_) return;
+  [[maybe_unused]] auto ok = ctx_->reactor.modify(fd_, EPOLLIN | EPOLLRDHUP | (want_write_ ? EPOLLOUT : 0u));
+}
+
+void Connection::arm_mpa_timer(std::chrono::steady_clock::time_point deadline) {
+  std::weak_ptr<Connection> weak = weak_from_this();
+  mpa_timer_ = ctx_->reactor.add_timer(deadline, [weak] {
+    if (auto self = weak.lock()) self->on_mpa_timeout();
+  });
+}
+
+void Connection::on_mpa_timeout() {
+  mpa_timer_.reset();
+  auto self = shared_from_this();
+  if (phase_ == Phase::tcp_connecting) {
+    close_socket();
+    if (auto callback = callbacks_.tcp_failed) callback(ETIMEDOUT);
+    return;
+  }
+  if (phase_ != Phase::mpa) return;
+  const auto now = core_now();
+  if (initiator_) initiator_->handle_timeout(now);
+  if (responder_) responder_->handle_timeout(now);
+  drain_mpa_events();
+  // The core started its clock after the TCP connect: follow its own deadline.
+  std::optional<core::Time> deadline = initiator_ ? initiator_->deadline() : responder_ ? responder_->deadline() : std::nullopt;
+  if (phase_ == Phase::mpa && deadline && !mpa_timer_) arm_mpa_timer(std::chrono::steady_clock::time_point(deadline->time_since_epoch()));
+}
+
+void Connection::on_io(std::uint32_t events) {
+  auto self = shared_from_this();  // callbacks may drop the owner's reference
+  if (phase_ == Phase::tcp_connecting) {
+    if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) on_connected();
+    return;
+  }
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) receive();
+  if (fd_ >= 0 && (events & EPOLLOUT)) transmit();
+}
+
+void Connection::on_connected() {
+  int error = 0;
+  socklen_t len = sizeof error;
+  ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &len);
+  if (error != 0) {
+    close_socket();
+    if (auto callback = callbacks_.tcp_failed) callback(error);
+    return;
+  }
+  phase_ = Phase::mpa;
+  transmit_mpa();
+}
+
+void Connection::receive() {
+  if (rx_buffer_.empty()) rx_buffer_.resize(kReceiveBufferSize);
+  // Bounded so one busy connection cannot starve the others of the reactor.
+  for (int round = 0; round < 16 && fd_ >= 0; ++round) {
+    if (phase_ == Phase::running && qp_) {
+      std::span<std::uint8_t> target = qp_->engine.receive_target();
+      if (!target.empty()) {
+        const ssize_t n = ::recv(fd_, target.data(), target.size(), MSG_DONTWAIT);
+        if (n > 0) {
+          qp_->engine.handle_placed(static_cast<std::size_t>(n));
+          drain_qp_events();
+          transmit();
+          continue;
+        }
+        if (n == 0) {
+          peer_closed_ = true;
+          qp_->engine.handle_peer_closed();
+          drain_qp_events();
+          return;
+        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if (errno == EINTR) continue;
+        qp_->engine.handle_connection_lost();
+        drain_qp_events();
+        return;
+      }
+    }
+    // Large payloads come straight into their target (zero copy): while they flow, read
+    // only a little past each header so the payload is not pulled into this buffer.
+    const std::size_t want = header_sized_reads_ ? kHeaderReadSize : rx_buffer_.size();
+    const ssize_t n = ::recv(fd_, rx_buffer_.data(), want, MSG_DONTWAIT);
+    if (n > 0) {
+      const std::span<const std::uint8_t> bytes(rx_buffer_.data(), static_cast<std::size_t>(n));
+      if (phase_ == Phase::mpa) {
+        receive_mpa(bytes);
+      } else if (phase_ == Phase::running || phase_ == Phase::closing) {
+        feed_engine(bytes);
+        if (qp_) header_sized_reads_ = qp_->engine.receive_target().size() >= kZeroCopyThreshold;
+      }
+      if (static_cast<std::size_t>(n) < want) return;
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0 && errno == EINTR) continue;
+    // EOF or a socket error.
+    peer_closed_ = n == 0;
+    if (phase_ == Phase::mpa) {
+      if (initiator_) initiator_->handle_connection_closed();
+      if (responder_) responder_->handle_connection_closed();
+      drain_mpa_events();
+      if (phase_ == Phase::mpa) close_socket();
+    } else if (qp_ && phase_ == Phase::running) {
+      if (n == 0) {
+        qp_->engine.handle_peer_closed();
+      } else {
+        qp_->engine.handle_connection_lost();
+      }
+      drain_qp_events();
+    } else {
+      close_socket();
+    }
+    return;
+  }
+}
+
+void Connection::receive_mpa(std::span<const std::uint8_t> bytes) {
+  std::size_t used = 0;
+  if (initiator_) used = initiator_->handle_bytes(bytes);
+  if (responder_) used = responder_->handle_bytes(bytes);
+  if (used < bytes.size()) early_bytes_.insert(early_bytes_.end(), bytes.begin() + static_cast<std::ptrdiff_t>(used), bytes.end());
+  drain_mpa_events();
+}
+
+void Connection::feed_engine(std::span<const std::uint8_t> bytes) {
+  if (!qp_) return;
+  qp_->engine.handle_bytes(bytes);
+  drain_qp_events();
+  transmit();
+}
+
+void Connection::drain_mpa_events() {
+  auto self = shared_from_this();
+  for (;;) {
+    std::optional<core::MpaEvent> event;
+    if (initiator_) event = initiator_->poll_event();
+    if (!event && responder_) event = responder_->poll_event();
+    if (!event) break;
+    switch (event->kind) {
+      case core::MpaEvent::Kind::established:
+        result_ = event->result;
+        if (mpa_timer_) {
+          ctx_->reactor.cancel_timer(*mpa_timer_);
+          mpa_timer_.reset();
+        }
+        transmit_mpa();  // the responder's Reply goes out before any FPDU
+        start_engine();
+        break;
+      case core::MpaEvent::Kind::request_received:
+        break;
+      case core::MpaEvent::Kind::rejected:
+      case core::MpaEvent::Kind::failed:
+        if (mpa_timer_) {
+          ctx_->reactor.cancel_timer(*mpa_timer_);
+          mpa_timer_.reset();
+        }
+        transmit_mpa();  // a reject Reply still goes out
+        break;
+    }
+    // A copy: the callback may replace this connection's callbacks.
+    if (auto callback = callbacks_.mpa_event) callback(*event);
+    if (event->kind == core::MpaEvent::Kind::rejected || event->kind == core::MpaEvent::Kind::failed) {
+      if (event->send_terminate && qp_) {
+        // RFC 6581 §8: 2/0/6 or 2/0/7 go out as a Terminate before the connection closes.
+        const std::uint8_t code = event->failure == core::MpaFailure::insufficient_ird ? 0x06 : 0x07;
+        core::StreamParams params;
+        params.crc = event->result.crc;
+        qp_->engine.connect(params);
+        qp_->engine.terminate(wire::TerminateCode{wire::TerminateLayer::llp, 0x0, code});
+        phase_ = Phase::closing;
+        transmit();
+        drain_qp_events();
+      } else {
+        close_socket();
+      }
+      return;
+    }
+  }
+  transmit_mpa();
+}
+
+void Connection::transmit_mpa() {
+  for (;;) {
+    std::span<const std::uint8_t> bytes = initiator_ ? initiator_->pending_transmit()
+                                          : responder_ ? responder_->pending_transmit()
+                                                       : std::span<const std::uint8_t>{};
+    if (bytes.empty() || fd_ < 0) break;
+    const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      want_write_ = errno == EAGAIN || errno == EWOULDBLOCK;
+      update_interest();
+      return;
+    }
+    if (initiator_) initiator_->consume_transmit(static_cast<std::size_t>(n));
+    if (responder_) responder_->consume_transmit(static_cast<std::size_t>(n));
+  }
+  if (want_write_ && phase_ != Phase::running) {
+    want_write_ = false;
+    update_interest();
+  }
+}
+
+void Connection::start_engine() {
+  if (!qp_ || !result_ || phase_ == Phase::running) return;
+  const core::MpaResult& r = *result_;
+  core::StreamParams params;
+  params.crc = r.crc;
+  params.mulpdu = wire::mulpdu_for_emss(emss_of(fd_));
+  params.ird = r.ird;
+  params.ord = r.ord;
+  params.responder = responder_.has_value();
+  if (r.rtr != core::RtrType::none) {
+    if (initiator_) params.send_rtr = r.rtr;
+    else params.expect_rtr = r.rtr;
+  }
+  phase_ = Phase::running;
+  std::weak_ptr<Connection> weak = weak_from_this();
+  qp_->kick_transmit = [weak] {
+    if (auto self = weak.lock()) self->transmit();
+  };
+  qp_->engine.connect(params);
+  if (!early_bytes_.empty()) {
+    std::vector<std::uint8_t> early;
+    early.swap(early_bytes_);
+    feed_engine(early);
+  }
+  transmit();
+}
+
+void Connection::transmit() {
+  if (fd_ < 0) return;
+  if (phase_ == Phase::mpa || phase_ == Phase::tcp_connecting) {
+    transmit_mpa();
+    return;
+  }
+  if (!qp_) return;
+  std::array<iovec, kMaxIovecs> iov{};
+  for (;;) {
+    const std::size_t count = qp_->engine.gather_transmit(iov);
+    if (count == 0) break;
+    msghdr msg{};
+    msg.msg_iov = iov.data();
+    msg.msg_iovlen = count;
+    const ssize_t n = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (!want_write_) {
+          want_write_ = true;
+          update_interest();
+        }
+        return;
+      }
+      qp_->engine.handle_connection_lost();
+      drain_qp_events();
+      return;
+    }
+    qp_->engine.handle_transmitted(static_cast<std::size_t>(n));
+  }
+  if (want_write_) {
+    want_write_ = false;
+    update_interest();
+  }
+  drain_qp_events();
+  if (qp_ && qp_->engine.transmit_closed() && !qp_->engine.has_transmit()) close_socket();
+}
+
+void Connection::drain_qp_events() {
+  if (!qp_) return;
+  auto self = shared_from_this();
+  while (auto event = qp_->engine.poll_event()) {
+    if (auto callback = callbacks_.qp_event) callback(*event);
+  }
+  if (qp_ && qp_->engine.transmit_closed() && !qp_->engine.has_transmit() && fd_ >= 0) close_socket();
+}
+
+void Connection::accept(std::shared_ptr<QueuePairImpl> qp, std::uint16_t ird, std::uint16_t ord,
+                        std::span<const std::uint8_t> private_data) {
+  if (!responder_) return;
+  qp_ = std::move(qp);
+  responder_->accept(ird, ord, private_data);
+  drain_mpa_events();
+}
+
+void Connection::reject(std::span<const std::uint8_t> private_data) {
+  if (!responder_) return;
+  responder_->reject(private_data);
+  drain_mpa_events();
+  transmit_mpa();
+  close_socket();
+}
+
+void Connection::bind_qp(std::shared_ptr<QueuePairImpl> qp) { qp_ = std::move(qp); }
+
+void Connection::disconnect() {
+  if (fd_ < 0) return;
+  if (qp_ && phase_ == Phase::running) {
+    phase_ = Phase::closing;
+    qp_->engine.disconnect();
+    transmit();
+    drain_qp_events();
+    if (fd_ >= 0 && qp_->engine.transmit_closed() && !qp_->engine.has_transmit()) close_socket();
+  } else {
+    close_socket();
+  }
+}
+
+void Connection::abort() {
+  if (fd_ < 0) return;
+  linger hard{1, 0};
+  ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+  close_socket();
+}
+
+void Connection::close_socket() {
+  if (fd_ < 0) return;
+  if (mpa_timer_) {
+    ctx_->reactor.cancel_timer(*mpa_timer_);
+    mpa_timer_.reset();
+  }
+  ctx_->reactor.remove(fd_);
+  registered_ = false;
+  ::shutdown(fd_, SHUT_WR);
+  ::close(fd_);
+  fd_ = -1;
+  phase_ = Phase::closed;
+  if (qp_) qp_->kick_transmit = nullptr;
+  if (!closed_notified_) {
+    closed_notified_ = true;
+    auto self = shared_from_this();
+    if (auto callback = callbacks_.closed) callback();
+  }
+}
+
+sockaddr_in Connection::local_address() const {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (fd_ >= 0) ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+  return a;
+}
+
+sockaddr_in Connection::peer_address() const {
+  sockaddr_in a{};
+  socklen_t len = sizeof a;
+  if (fd_ >= 0) ::getpeername(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+  return a;
+}
+
+}  // namespace peercm::detail

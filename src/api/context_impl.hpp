@@ -1,0 +1,39 @@
+// Shared state of one device context: the lock that serialises every protocol core of the
+// context, the reactor that drives its sockets, and its memory table.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "core/memory_table.hpp"
+#include "engine/reactor.hpp"
+#include "peercm/cm.hpp"
+#include "peercm/verbs.hpp"
+
+namespace peercm::detail {
+
+struct ContextImpl {
+  explicit ContextImpl(const ContextOptions& options);
+  ~ContextImpl();
+
+  std::uint32_t next_pd() { return ++pd_counter; }
+  std::uint32_t next_qp_num() { return ++qp_counter; }
+  std::uint32_t next_cmid() { return ++cmid_counter; }
+  // Inline mode: run the reactor once on the caller's thread.
+  void progress(std::chrono::milliseconds max_wait);
+
+  std::mutex mutex;  // guards everything below and every core of this context
+  engine::Reactor reactor{mutex};
+  core::MemoryTable memory;
+  std::uint64_t node_guid;
+  std::uint64_t incarnation;
+  ProgressMode mode;
+  CmStats stats;
+  std::uint32_t pd_counter = 0;
+  std::uint32_t qp_counter = 0;
+  std::uint32_t cmid_counter = 0;
+};
+
+}  // namespace peercm::detail

@@ -1,0 +1,78 @@
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "api/context_impl.hpp"
+#include "api/event_channel_impl.hpp"
+
+namespace peercm {
+namespace detail {
+
+EventChannelImpl::EventChannelImpl() : event_fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+EventChannelImpl::~EventChannelImpl() {
+  if (event_fd >= 0) ::close(event_fd);
+}
+
+void EventChannelImpl::push(CmEvent event) {
+  {
+    std::lock_guard lock(mutex);
+    events.push_back(std::move(event));
+  }
+  const std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(event_fd, &one, sizeof one);
+}
+
+void EventChannelImpl::attach(const std::shared_ptr<ContextImpl>& context) {
+  if (context->mode != ProgressMode::inline_) return;
+  std::lock_guard lock(mutex);
+  for (auto& weak : inline_contexts)
+    if (weak.lock() == context) return;
+  inline_contexts.push_back(context);
+}
+
+}  // namespace detail
+
+Result<std::unique_ptr<EventChannel>, std::errc> EventChannel::create() {
+  std::unique_ptr<EventChannel> channel(new EventChannel());
+  if (channel->impl_->event_fd < 0) return fail(static_cast<std::errc>(errno));
+  return channel;
+}
+
+EventChannel::EventChannel() : impl_(std::make_shared<detail::EventChannelImpl>()) {}
+EventChannel::~EventChannel() = default;
+int EventChannel::fd() const { return impl_->event_fd; }
+
+Result<CmEvent, std::errc> EventChannel::get_event(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::vector<std::shared_ptr<detail::ContextImpl>> inline_contexts;
+    {
+      std::lock_guard lock(impl_->mutex);
+      if (!impl_->events.empty()) {
+        CmEvent event = std::move(impl_->events.front());
+        impl_->events.pop_front();
+        std::uint64_t drained;
+        if (impl_->events.empty()) [[maybe_unused]] auto n = ::read(impl_->event_fd, &drained, sizeof drained);
+        return event;
+      }
+      for (auto& weak : impl_->inline_contexts)
+        if (auto ctx = weak.lock()) inline_contexts.push_back(std::move(ctx));
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (timeout.count() >= 0 && left.count() <= 0) return fail(std::errc::timed_out);
+    const long slice = timeout.count() < 0 ? 10 : std::clamp<long>(left.count(), 0, 10);
+    if (!inline_contexts.empty()) {
+      for (auto& ctx : inline_contexts) ctx->progress(std::chrono::milliseconds(slice / static_cast<long>(inline_contexts.size())));
+    } else {
+      pollfd pfd{impl_->event_fd, POLLIN, 0};
+      ::poll(&pfd, 1, timeout.count() < 0 ? -1 : static_cast<int>(left.count()));
+    }
+  }
+}
+
+void EventChannel::ack_event(CmEvent&& event) { [[maybe_unused]] CmEvent released = std::move(event); }
+
+}  // namespace peercm

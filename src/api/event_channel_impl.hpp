@@ -1,0 +1,29 @@
+// The queue behind an EventChannel: CM events pushed by the contexts (under their lock),
+// taken by the application; an eventfd makes it pollable.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "peercm/cm.hpp"
+
+namespace peercm::detail {
+
+struct ContextImpl;
+
+struct EventChannelImpl {
+  EventChannelImpl();
+  ~EventChannelImpl();
+  void push(CmEvent event);
+  // Inline progress: contexts whose ids report here are driven by get_event().
+  void attach(const std::shared_ptr<ContextImpl>& context);
+
+  int event_fd = -1;
+  std::mutex mutex;  // after any context lock in lock order
+  std::deque<CmEvent> events;
+  std::vector<std::weak_ptr<ContextImpl>> inline_contexts;
+};
+
+}  // namespace peercm::detail

@@ -1,0 +1,28 @@
+// A queue pair: the RDMAP/DDP engine plus the completion queues it reports to, and a hook
+// to the connection that carries it once the CM has bound one.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "api/completion_queue_impl.hpp"
+#include "api/context_impl.hpp"
+#include "core/queue_pair_engine.hpp"
+
+namespace peercm::detail {
+
+struct QueuePairImpl {
+  QueuePairImpl(std::shared_ptr<ContextImpl> ctx, std::uint32_t pd, const QpInitAttr& attr);
+
+  std::shared_ptr<ContextImpl> context;
+  std::shared_ptr<CompletionQueueImpl> send_cq;
+  std::shared_ptr<CompletionQueueImpl> recv_cq;
+  QpCaps caps;
+  std::uint32_t qp_num;
+  core::QueuePairEngine engine;
+  // Set by the connection carrying this QP: pushes pending bytes to the socket.
+  // Called with the context lock held.
+  std::function<void()> kick_transmit;
+};
+
+}  // namespace peercm::detail

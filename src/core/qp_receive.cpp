@@ -1,0 +1,407 @@
+// Receive path of the queue-pair engine: FPDUs in (RFC 5044 §4), DDP sink checks before any
+// byte is placed (RFC 5041 §7, RFC 5040 §7.2), placement into registered memory, delivery
+// of Sends, Read Responses, Read Requests and Terminates in stream order.
+//
+// CRC off: a segment is checked at its header and its payload placed as it arrives, also
+// straight from the socket (receive_target / handle_placed). CRC on: the payload is staged
+// and nothing is checked or placed before the FPDU's CRC verified (RFC 5044 §7.2).
+#include <algorithm>
+#include <cstring>
+
+#include "core/qp_memory.hpp"
+#include "core/queue_pair_engine.hpp"
+
+namespace peercm::core {
+namespace {
+
+using wire::RdmapOpcode;
+using wire::TerminateCode;
+using wire::TerminateLayer;
+
+constexpr TerminateCode ddp_untagged(std::uint8_t code) { return {TerminateLayer::ddp, 0x2, code}; }
+constexpr TerminateCode ddp_tagged(std::uint8_t code) { return {TerminateLayer::ddp, 0x1, code}; }
+constexpr TerminateCode rdmap_operation(std::uint8_t code) { return {TerminateLayer::rdmap, 0x2, code}; }
+
+}  // namespace
+
+// ---------------------------------------------------------------- stream input
+
+std::size_t QueuePairEngine::handle_bytes(std::span<const std::uint8_t> bytes) {
+  if (!connected_ || rx_dead_) return 0;
+  std::size_t used = 0;
+  while (used < bytes.size() && !rx_dead_ && !cq_overrun_) {
+    const auto rest = bytes.subspan(used);
+    const bool in_header = !raw_complete_;
+    std::size_t consumed = 0;
+    const wire::FpduEvent event = decoder_->next(rest, consumed);
+    if (in_header) capture_raw(rest.first(consumed));
+    used += consumed;
+    switch (event.kind) {
+      case wire::FpduEvent::Kind::need_more:
+        if (consumed == 0) used = bytes.size();  // cannot happen; never spin
+        break;
+      case wire::FpduEvent::Kind::header:
+        raw_complete_ = true;
+        on_segment_header(event.header, event.payload_length);
+        break;
+      case wire::FpduEvent::Kind::payload:
+        on_segment_payload(event.payload);
+        break;
+      case wire::FpduEvent::Kind::end:
+        on_segment_end();
+        raw_filled_ = 0;
+        raw_complete_ = false;
+        break;
+      case wire::FpduEvent::Kind::error:
+        on_decode_error(event.error);
+        break;
+    }
+  }
+  after_input();
+  return used;
+}
+
+// The offending segment's headers, kept for the Terminate (RFC 5040 §4.8).
+void QueuePairEngine::capture_raw(std::span<const std::uint8_t> bytes) {
+  const std::size_t n = std::min(bytes.size(), raw_.size() - raw_filled_);
+  if (n > 0) std::memcpy(raw_.data() + raw_filled_, bytes.data(), n);
+  raw_filled_ += n;
+}
+
+std::span<std::uint8_t> QueuePairEngine::receive_target() {
+  if (!connected_ || rx_dead_ || params_.crc || !decoder_->in_payload()) return {};
+  const std::size_t remaining = decoder_->payload_remaining();
+  switch (rx_.kind) {
+    case RxKind::write:
+    case RxKind::read_response:
+      if (!rx_.tagged_target) return {};
+      return {rx_.tagged_target + rx_.placed, remaining};
+    case RxKind::send: {
+      const auto run = send_run();
+      return run.first(std::min(run.size(), remaining));
+    }
+    default:
+      return {};
+  }
+}
+
+void QueuePairEngine::handle_placed(std::size_t n) {
+  const auto target = receive_target();
+  n = std::min(n, target.size());
+  if (n == 0) return;
+  decoder_->payload_placed(target.first(n));
+  if (rx_.kind == RxKind::send) advance_send_cursor(n);
+  rx_.placed += n;
+  stats_.bytes_placed += n;
+  after_input();
+}
+
+// ---------------------------------------------------------------- segment life cycle
+
+void QueuePairEngine::on_segment_header(const wire::SegmentHeader& header, std::size_t payload_length) {
+  rx_ = RxSegment{};
+  rx_.header = header;
+  rx_.length = payload_length;
+  staged_ = 0;
+  if (params_.crc) return;  // checked once the CRC is verified (on_segment_end)
+  begin_segment(rx_.header, payload_length);
+}
+
+void QueuePairEngine::on_segment_payload(std::span<const std::uint8_t> payload) {
+  if (params_.crc) {
+    const std::size_t n = std::min(payload.size(), staging_.size() - staged_);
+    std::memcpy(staging_.data() + staged_, payload.data(), n);
+    staged_ += n;
+    return;
+  }
+  place(payload);
+}
+
+void QueuePairEngine::on_segment_end() {
+  if (params_.crc) {
+    if (!begin_segment(rx_.header, rx_.length)) return;
+    place(std::span(staging_).first(staged_));
+  }
+  ++stats_.fpdus_received;
+  first_fpdu_seen_ = true;
+  tx_fenced_ = false;  // RFC 5044 §7.1.2 rule 4: a valid FPDU arrived, the responder may send
+  const wire::SegmentHeader& header = rx_.header;
+  switch (rx_.kind) {
+    case RxKind::read_response:
+      if (header.last) complete_read();
+      break;
+    case RxKind::send:
+      if (header.last) deliver_send();
+      break;
+    case RxKind::rtr_send:
+      ++expected_send_msn_;  // the Send RTR used MSN n; no receive consumed, no completion
+      break;
+    case RxKind::read_request:
+      // RFC 5040 §5.2: answered in arrival order, after everything that came before it.
+      inbound_reads_.push_back(InboundRead{.request = header.read_request});
+      ++expected_read_msn_;
+      break;
+    case RxKind::terminate:
+      handle_terminate(header);
+      return;
+    case RxKind::none:
+    case RxKind::write:
+    case RxKind::rtr_write:
+      break;
+  }
+  if (state_ != QpState::error) rx_ = RxSegment{};
+}
+
+// Validates a segment before any byte of it is placed and sets up its placement.
+bool QueuePairEngine::begin_segment(const wire::SegmentHeader& header, std::size_t payload_length) {
+  if (params_.expect_rtr != RtrType::none && !first_fpdu_seen_ && header.opcode != RdmapOpcode::terminate)
+    return check_rtr(header, payload_length);
+  switch (header.opcode) {
+    case RdmapOpcode::rdma_write:
+      return handle_tagged_segment(header, payload_length);
+    case RdmapOpcode::read_response:
+      return handle_read_response_segment(header, payload_length);
+    case RdmapOpcode::send:
+    case RdmapOpcode::send_invalidate:
+    case RdmapOpcode::send_solicited:
+    case RdmapOpcode::send_solicited_invalidate:
+      return handle_send_segment(header, payload_length);
+    case RdmapOpcode::read_request:
+      return handle_read_request(header);
+    case RdmapOpcode::terminate:
+      rx_.kind = RxKind::terminate;
+      return true;
+  }
+  terminate_inbound(rdmap_operation(0x06));
+  return false;
+}
+
+// RFC 6581 §9.3 / iwarp-wire.md §4.5: the responder's first FPDU must be the negotiated
+// RTR; it is absorbed without a completion and without consuming a posted receive.
+bool QueuePairEngine::check_rtr(const wire::SegmentHeader& header, std::size_t payload_length) {
+  bool ok = false;
+  switch (params_.expect_rtr) {
+    case RtrType::write:
+      ok = header.opcode == RdmapOpcode::rdma_write && header.last && payload_length == 0;
+      break;
+    case RtrType::read:
+      ok = header.opcode == RdmapOpcode::read_request && header.read_request.size == 0;
+      break;
+    case RtrType::send:
+      ok = header.opcode == RdmapOpcode::send && header.last && payload_length == 0 && header.message_offset == 0;
+      break;
+    case RtrType::none:
+      ok = true;
+      break;
+  }
+  if (!ok) {
+    terminate_inbound(TerminateCode{TerminateLayer::llp, 0x0, 0x07});  // RFC 6581 §8: no matching RTR
+    return false;
+  }
+  switch (params_.expect_rtr) {
+    case RtrType::read:
+      return handle_read_request(header);  // answered with a zero-length Read Response
+    case RtrType::send:
+      if (header.msn != expected_send_msn_) {
+        terminate_inbound(ddp_untagged(0x03));
+        return false;
+      }
+      rx_.kind = RxKind::rtr_send;
+      return true;
+    case RtrType::write:
+    case RtrType::none:
+      break;
+  }
+  rx_.kind = RxKind::rtr_write;  // zero-length tagged: STag and TO are never checked
+  return true;
+}
+
+// RFC 5041 §7.2 tagged sink checks (STag valid, same stream/PD, bounds, wrap) and RFC 5040
+// §7.2 access rights, for non-zero-length segments only (RFC 5041 §5.4).
+bool QueuePairEngine::handle_tagged_segment(const wire::SegmentHeader& header, std::size_t payload_length) {
+  rx_.kind = RxKind::write;
+  if (payload_length == 0) return true;
+  if (auto error = memory_.check_remote(header.stag, config_.pd, header.tagged_offset, payload_length,
+                                        MemoryTable::Direction::write_sink)) {
+    terminate_inbound(*error);
+    return false;
+  }
+  rx_.tagged_target = detail::memory_at(header.tagged_offset);
+  return true;
+}
+
+// RFC 5040 §5.2: a Read Response is a tagged write into our sink (iWARP sinks carry remote
+// write access); it must also fall inside the oldest outstanding Read's sink.
+bool QueuePairEngine::handle_read_response_segment(const wire::SegmentHeader& header, std::size_t payload_length) {
+  rx_.kind = RxKind::read_response;
+  if (outbound_reads_.empty()) {
+    terminate_inbound(rdmap_operation(0x06));  // a Read Response nobody asked for
+    return false;
+  }
+  if (payload_length == 0) return true;
+  if (auto error = memory_.check_remote(header.stag, config_.pd, header.tagged_offset, payload_length,
+                                        MemoryTable::Direction::write_sink)) {
+    terminate_inbound(*error);
+    return false;
+  }
+  const OutboundRead& read = outbound_reads_.front();
+  if (header.stag != read.sink_stag) {
+    terminate_inbound(ddp_tagged(0x00));
+    return false;
+  }
+  if (header.tagged_offset < read.sink_offset || header.tagged_offset - read.sink_offset + payload_length > read.size) {
+    terminate_inbound(ddp_tagged(0x01));
+    return false;
+  }
+  rx_.tagged_target = detail::memory_at(header.tagged_offset);
+  return true;
+}
+
+// RFC 5041 §7.2 untagged sink checks for QN 0: the next MSN, a posted buffer (RFC 5040
+// §5.3: a Send without a posted receive is an error), MO and length inside it.
+bool QueuePairEngine::handle_send_segment(const wire::SegmentHeader& header, std::size_t payload_length) {
+  rx_.kind = RxKind::send;
+  if (header.msn != expected_send_msn_) {
+    terminate_inbound(ddp_untagged(0x03));  // MSN range not valid
+    return false;
+  }
+  if (rq_.empty()) {
+    terminate_inbound(ddp_untagged(0x02));  // MSN: no buffer
+    return false;
+  }
+  RecvEntry& recv = rq_.front();
+  if (header.message_offset > recv.capacity) {
+    terminate_inbound(ddp_untagged(0x04));  // invalid MO
+    return false;
+  }
+  if (header.message_offset + std::uint64_t{payload_length} > recv.capacity) {
+    terminate_inbound(ddp_untagged(0x05));  // message too long for the buffer
+    return false;
+  }
+  rx_.recv = &recv;
+  // Scatter cursor at MO.
+  std::uint64_t offset = header.message_offset;
+  std::size_t index = 0;
+  while (index < recv.wr.sg_list.size() && offset >= recv.wr.sg_list[index].length) {
+    offset -= recv.wr.sg_list[index].length;
+    ++index;
+  }
+  rx_.sge_index = index;
+  rx_.sge_offset = offset;
+  return true;
+}
+
+// RFC 5040 §6.1 IRD, RFC 5041 §7.2 QN 1 MSN, RFC 5040 §7.2 source checks (non-zero size
+// only, §5.2). A valid request is queued for its Read Response at the end of the FPDU.
+bool QueuePairEngine::handle_read_request(const wire::SegmentHeader& header) {
+  rx_.kind = RxKind::read_request;
+  if (inbound_reads_.size() >= params_.ird) {
+    terminate_inbound(ddp_untagged(0x02));  // iwarp-wire.md §3.7: no QN 1 buffer
+    return false;
+  }
+  if (header.msn != expected_read_msn_) {
+    terminate_inbound(ddp_untagged(0x03));
+    return false;
+  }
+  const wire::ReadRequestHeader& request = header.read_request;
+  if (request.size > 0) {
+    if (auto error = memory_.check_remote(request.source_stag, config_.pd, request.source_offset, request.size,
+                                          MemoryTable::Direction::read_source)) {
+      terminate_inbound(*error);
+      return false;
+    }
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- placement
+
+std::span<std::uint8_t> QueuePairEngine::send_run() {
+  const std::vector<Sge>& sges = rx_.recv->wr.sg_list;
+  while (rx_.sge_index < sges.size() && rx_.sge_offset == sges[rx_.sge_index].length) {
+    ++rx_.sge_index;
+    rx_.sge_offset = 0;
+  }
+  if (rx_.sge_index == sges.size()) return {};
+  const Sge& sge = sges[rx_.sge_index];
+  return {detail::memory_at(sge.addr + rx_.sge_offset), static_cast<std::size_t>(sge.length - rx_.sge_offset)};
+}
+
+void QueuePairEngine::advance_send_cursor(std::size_t n) { rx_.sge_offset += n; }
+
+void QueuePairEngine::place(std::span<const std::uint8_t> bytes) {
+  if (bytes.empty()) return;
+  switch (rx_.kind) {
+    case RxKind::write:
+    case RxKind::read_response:
+      if (!rx_.tagged_target) return;
+      std::memcpy(rx_.tagged_target + rx_.placed, bytes.data(), bytes.size());
+      break;
+    case RxKind::send: {
+      // Scatter across the receive's SGEs (bounds checked in handle_send_segment).
+      auto rest = bytes;
+      while (!rest.empty()) {
+        const auto run = send_run();
+        if (run.empty()) return;
+        const std::size_t n = std::min(run.size(), rest.size());
+        std::memcpy(run.data(), rest.data(), n);
+        advance_send_cursor(n);
+        rest = rest.subspan(n);
+      }
+      break;
+    }
+    default:
+      return;
+  }
+  rx_.placed += bytes.size();
+  stats_.bytes_placed += bytes.size();
+}
+
+// ---------------------------------------------------------------- delivery
+
+// RFC 5040 §5.3 / RFC 5041 §5.4: the message is delivered when its L segment arrived;
+// length = MO + payload of that segment. Send with Invalidate invalidates first.
+void QueuePairEngine::deliver_send() {
+  const wire::SegmentHeader& header = rx_.header;
+  RecvEntry& recv = rq_.front();
+  WorkCompletion wc;
+  wc.wr_id = recv.wr.wr_id;
+  wc.status = WcStatus::success;
+  wc.opcode = WcOpcode::recv;
+  wc.byte_len = static_cast<std::uint32_t>(header.message_offset + rx_.length);
+  wc.qp_num = config_.qp_num;
+  if (wire::carries_invalidate(header.opcode)) {
+    if (auto error = memory_.invalidate(header.invalidate_stag, config_.pd)) {
+      terminate_inbound(*error);  // 0x0/0x1/0x09 STag cannot be invalidated
+      return;
+    }
+    wc.wc_flags |= kWcWithInvalidate;
+    wc.invalidated_rkey = header.invalidate_stag;
+  }
+  const bool solicited = wire::is_solicited(header.opcode);
+  if (solicited) wc.wc_flags |= kWcSolicited;
+  rq_.pop_front();
+  rx_.recv = nullptr;
+  ++expected_send_msn_;
+  push_recv_completion(wc, solicited);
+}
+
+// RFC 5040 §5.5: the Read completes when its Read Response was delivered; the RTR Read
+// completes nothing visible.
+void QueuePairEngine::complete_read() {
+  const OutboundRead read = outbound_reads_.front();
+  outbound_reads_.pop_front();
+  if (!read.rtr && read.seq >= sq_base_ && read.seq < sq_base_ + sq_.size()) {
+    SendEntry& entry = sq_[read.seq - sq_base_];
+    entry.phase = SendEntry::Phase::done;
+  }
+  complete_ready_sends();
+}
+
+// RFC 5040 §6.2: a Terminate from the peer ends the stream; we send nothing more.
+void QueuePairEngine::handle_terminate(const wire::SegmentHeader& header) {
+  events_.push_back(QpEvent{.kind = QpEvent::Kind::terminate_received, .code = header.terminate.code});
+  enter_error();
+}
+
+}  // namespace peercm::core

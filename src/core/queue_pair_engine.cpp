@@ -1,0 +1,256 @@
+// Queue-pair engine: verbs inputs (post_send / post_recv), connection life cycle, state,
+// events and completions. The transmit path is in qp_transmit.cpp, the receive path in
+// qp_receive.cpp, Terminate generation in qp_terminate.cpp.
+#include <algorithm>
+#include <cstring>
+
+#include "core/qp_memory.hpp"
+#include "core/queue_pair_engine.hpp"
+
+namespace peercm::core {
+namespace {
+
+constexpr std::size_t kTxSlots = 64;
+
+WcOpcode wc_opcode(WrOpcode op) {
+  switch (op) {
+    case WrOpcode::rdma_write: return WcOpcode::rdma_write;
+    case WrOpcode::rdma_read: return WcOpcode::rdma_read;
+    case WrOpcode::send:
+    case WrOpcode::send_with_invalidate: break;
+  }
+  return WcOpcode::send;
+}
+
+}  // namespace
+
+QueuePairEngine::QueuePairEngine(const QpConfig& config, MemoryTable& memory, CompletionSink& send_cq,
+                                 CompletionSink& recv_cq)
+    : config_(config), memory_(memory), send_cq_(send_cq), recv_cq_(recv_cq), ring_(kTxSlots) {
+  // Prefix, one piece per SGE at most, trailer: no allocation while framing.
+  const std::size_t pieces = std::max<std::size_t>(config_.caps.max_send_sge, 1) + 2;
+  for (TxSlot& slot : ring_) slot.pieces.reserve(pieces);
+}
+
+// ---------------------------------------------------------------- verbs inputs
+
+Status<std::errc> QueuePairEngine::check_send_wr(const SendWr& wr, std::uint64_t& length) const {
+  if (wr.sg_list.size() > config_.caps.max_send_sge) return fail(std::errc::invalid_argument);
+  const bool is_inline = wr.flags & kSendInline;
+  if (wr.opcode == WrOpcode::rdma_read) {
+    // An iWARP Read has exactly one sink buffer (RFC 5040 §4.4: one Data Sink STag/TO).
+    if (wr.sg_list.size() != 1 || is_inline) return fail(std::errc::invalid_argument);
+  }
+  length = 0;
+  for (const Sge& sge : wr.sg_list) length += sge.length;
+  // RFC 5041 §5.4: a ULP message is shorter than 2^32 bytes.
+  if (length > 0xFFFFFFFFu) return fail(std::errc::invalid_argument);
+  if (is_inline && length > config_.caps.max_inline_data) return fail(std::errc::invalid_argument);
+  return {};
+}
+
+Status<std::errc> QueuePairEngine::post_send(const SendWr& wr) {
+  std::uint64_t length = 0;
+  if (auto ok = check_send_wr(wr, length); !ok) return ok;
+  const bool signaled = config_.signal_all || (wr.flags & kSendSignaled);
+  if (state_ == QpState::error) {
+    SendEntry flushed{.wr = wr, .length = length, .status = WcStatus::wr_flush_error};
+    push_send_completion(completion_for(flushed));
+    after_input();
+    return {};
+  }
+  if (sq_.size() >= config_.caps.max_send_wr) return fail(std::errc::not_enough_memory);
+
+  SendEntry& entry = sq_.emplace_back();
+  entry.wr = wr;
+  entry.length = length;
+  entry.signaled = signaled;
+  bool local_ok = true;
+  if (wr.flags & kSendInline) {
+    // The payload is copied now; the SGEs' lkeys are ignored (verbs IBV_SEND_INLINE).
+    entry.inline_data.resize(length);
+    std::size_t at = 0;
+    for (const Sge& sge : wr.sg_list) {
+      if (sge.length == 0) continue;
+      std::memcpy(entry.inline_data.data() + at, detail::memory_at(sge.addr), sge.length);
+      at += sge.length;
+    }
+  } else {
+    const bool needs_write = wr.opcode == WrOpcode::rdma_read;  // the Read sink is written locally
+    for (const Sge& sge : wr.sg_list) local_ok = local_ok && memory_.check_local(sge, config_.pd, needs_write);
+  }
+  if (!local_ok) {
+    // verbs: a bad local SGE completes the WR in error and moves the QP to ERROR; the
+    // stream ends with a local-catastrophic Terminate (RFC 5040 §7.1: error while building).
+    entry.phase = SendEntry::Phase::done;
+    entry.status = WcStatus::local_protection_error;
+    send_terminate(wire::TerminateHeader{.code = {wire::TerminateLayer::rdmap, 0x0, 0x00}});
+  }
+  after_input();
+  return {};
+}
+
+Status<std::errc> QueuePairEngine::post_recv(const RecvWr& wr) {
+  if (wr.sg_list.size() > config_.caps.max_recv_sge) return fail(std::errc::invalid_argument);
+  if (state_ == QpState::error) {
+    push_recv_completion(WorkCompletion{.wr_id = wr.wr_id,
+                                        .status = WcStatus::wr_flush_error,
+                                        .opcode = WcOpcode::recv,
+                                        .qp_num = config_.qp_num},
+                         false);
+    after_input();
+    return {};
+  }
+  if (rq_.size() >= config_.caps.max_recv_wr) return fail(std::errc::not_enough_memory);
+  RecvEntry& entry = rq_.emplace_back();
+  entry.wr = wr;
+  bool local_ok = true;
+  for (const Sge& sge : wr.sg_list) {
+    entry.capacity += sge.length;
+    local_ok = local_ok && memory_.check_local(sge, config_.pd, true);
+  }
+  if (!local_ok) {
+    entry.error = WcStatus::local_protection_error;
+    send_terminate(wire::TerminateHeader{.code = {wire::TerminateLayer::rdmap, 0x0, 0x00}});
+  }
+  after_input();
+  return {};
+}
+
+// ---------------------------------------------------------------- connection inputs
+
+void QueuePairEngine::connect(const StreamParams& params) {
+  if (connected_) return;
+  connected_ = true;
+  params_ = params;
+  // RFC 5044 §4.5: MULPDU stays within 128..64768.
+  mulpdu_ = std::clamp(params.mulpdu, wire::kMinMulpdu, wire::kMaxMulpdu);
+  decoder_.emplace(params.crc);
+  if (params.crc) staging_.resize(wire::kMaxUlpduLength);
+  if (state_ == QpState::error) {
+    // Failed before the stream existed: only the Terminate (if any) goes out.
+    if (terminate_ && !terminate_framed_) queue_terminate_fpdu();
+    return;
+  }
+  state_ = QpState::rts;
+  tx_fenced_ = params.responder;                       // RFC 5044 §7.1.2 rule 4
+  rtr_pending_ = params.send_rtr != RtrType::none;     // RFC 6581 §9.3: the RTR is the first FPDU
+  after_input();
+}
+
+void QueuePairEngine::handle_peer_closed() {
+  if (llp_closed_) return;
+  llp_closed_ = true;
+  // RFC 5041 §6: after a graceful close by the peer nothing more may arrive.
+  events_.push_back(QpEvent{.kind = QpEvent::Kind::peer_closed});
+  enter_error();
+}
+
+void QueuePairEngine::handle_connection_lost() {
+  const bool report = !llp_closed_;
+  llp_closed_ = true;
+  if (report) events_.push_back(QpEvent{.kind = QpEvent::Kind::connection_lost});
+  enter_error();
+  // The socket is gone: nothing more can be written, not even the rest of an FPDU.
+  ring_count_ = 0;
+  ring_unsent_ = 0;
+  terminate_framed_ = true;
+}
+
+void QueuePairEngine::disconnect() { enter_error(); }
+
+void QueuePairEngine::terminate(wire::TerminateCode code) {
+  send_terminate(wire::TerminateHeader{.code = code});
+  after_input();
+}
+
+// ---------------------------------------------------------------- outputs
+
+std::optional<QpEvent> QueuePairEngine::poll_event() {
+  if (events_.empty()) return std::nullopt;
+  QpEvent event = events_.front();
+  events_.pop_front();
+  return event;
+}
+
+QpState QueuePairEngine::state() const { return state_; }
+
+bool QueuePairEngine::transmit_closed() const {
+  return state_ == QpState::error && ring_count_ == 0 && (!terminate_ || terminate_framed_);
+}
+
+const QpStats& QueuePairEngine::stats() const { return stats_; }
+
+// ---------------------------------------------------------------- errors and flushing
+
+// Verbs ERROR state (RFC 5040 §6.2, iwarp-wire.md §3.10): stop receiving, stop framing new
+// FPDUs (the one on the wire is finished), complete everything outstanding in error.
+void QueuePairEngine::enter_error() {
+  if (state_ == QpState::error) return;
+  state_ = QpState::error;
+  rx_dead_ = true;
+  stop_transmit();
+  flush_all();
+}
+
+WorkCompletion QueuePairEngine::completion_for(const SendEntry& entry) const {
+  WorkCompletion wc;
+  wc.wr_id = entry.wr.wr_id;
+  wc.status = entry.status;
+  wc.opcode = wc_opcode(entry.wr.opcode);
+  wc.byte_len = entry.status == WcStatus::success ? static_cast<std::uint32_t>(entry.length) : 0;
+  wc.qp_num = config_.qp_num;
+  return wc;
+}
+
+// Every outstanding WR completes exactly once, in submission order: those already done
+// with their own status, the others with a flush error.
+void QueuePairEngine::flush_all() {
+  flushing_ = true;
+  for (SendEntry& entry : sq_) {
+    if (entry.phase != SendEntry::Phase::done) {
+      entry.status = WcStatus::wr_flush_error;
+      entry.phase = SendEntry::Phase::done;
+    }
+  }
+  complete_ready_sends();
+  sq_next_ = sq_base_;
+  outbound_reads_.clear();
+  inbound_base_ += inbound_reads_.size();
+  inbound_reads_.clear();
+  inbound_next_ = inbound_base_;
+  rx_ = RxSegment{};
+  while (!rq_.empty()) {
+    const RecvEntry& entry = rq_.front();
+    push_recv_completion(WorkCompletion{.wr_id = entry.wr.wr_id,
+                                        .status = entry.error.value_or(WcStatus::wr_flush_error),
+                                        .opcode = WcOpcode::recv,
+                                        .qp_num = config_.qp_num},
+                         false);
+    rq_.pop_front();
+  }
+  flushing_ = false;
+}
+
+void QueuePairEngine::push_send_completion(const WorkCompletion& wc) {
+  if (!send_cq_.push(wc) && !flushing_) cq_overrun_ = true;
+}
+
+void QueuePairEngine::push_recv_completion(const WorkCompletion& wc, bool solicited) {
+  if (!recv_cq_.push(wc)) {
+    if (!flushing_) cq_overrun_ = true;
+    return;
+  }
+  if (solicited) recv_cq_.solicited();
+}
+
+// A CQ overrun is a local catastrophic error (verbs IBV_EVENT_CQ_ERR; RFC 5040 §7.1
+// Terminate 0x0/0x0). The completion that did not fit is lost; nothing else is.
+void QueuePairEngine::after_input() {
+  if (!cq_overrun_) return;
+  cq_overrun_ = false;
+  if (state_ != QpState::error)
+    send_terminate(wire::TerminateHeader{.code = {wire::TerminateLayer::rdmap, 0x0, 0x00}});
+}
+
+}  // namespace peercm::core

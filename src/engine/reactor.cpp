@@ -1,0 +1,278 @@
+// epoll reactor: registrations keyed by a never-reused 64-bit id carried in epoll_event
+// data, a deadline-ordered timer queue, an eventfd for cross-thread wake-ups and an
+// optional progress thread. See reactor.hpp for the threading contract.
+#include "engine/reactor.hpp"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cassert>
+#include <cerrno>
+#include <climits>
+#include <utility>
+
+namespace peercm::engine {
+namespace {
+
+// Epoll data of the wake eventfd; registration ids start at 1.
+constexpr std::uint64_t kWakeId = 0;
+// Events taken per epoll_wait; more stay pending (level-triggered) or queued (edge).
+constexpr int kMaxEvents = 64;
+// The progress thread sleeps until an fd, a timer or wake() needs it.
+constexpr std::chrono::milliseconds kForever = std::chrono::milliseconds::max();
+
+// The reactor whose run_once() (or progress thread) is running on this thread.
+thread_local const Reactor* t_current_reactor = nullptr;
+
+class CurrentReactorScope {
+ public:
+  explicit CurrentReactorScope(const Reactor* reactor) : saved_(t_current_reactor) {
+    t_current_reactor = reactor;
+  }
+  ~CurrentReactorScope() { t_current_reactor = saved_; }
+  CurrentReactorScope(const CurrentReactorScope&) = delete;
+  CurrentReactorScope& operator=(const CurrentReactorScope&) = delete;
+
+ private:
+  const Reactor* saved_;
+};
+
+std::errc last_errc() { return static_cast<std::errc>(errno); }
+
+[[noreturn]] void throw_errno(int error, const char* what) {
+  throw std::system_error(error, std::system_category(), what);
+}
+
+// epoll_wait timeout in ms for `max_wait` capped by `deadline` (if any), rounded UP so that
+// a timer is never found not-yet-due because the wait ended a fraction of a ms too soon.
+int wait_timeout_ms(Clock::time_point now, std::chrono::milliseconds max_wait,
+                    const Clock::time_point* deadline) {
+  std::int64_t ms = std::max<std::int64_t>(max_wait.count(), 0);
+  if (deadline != nullptr) {
+    if (*deadline <= now) return 0;
+    const auto until = std::chrono::ceil<std::chrono::milliseconds>(*deadline - now);
+    ms = std::min<std::int64_t>(ms, until.count());
+  }
+  return static_cast<int>(std::min<std::int64_t>(ms, INT_MAX));
+}
+
+}  // namespace
+
+Reactor::Reactor(std::mutex& owner_mutex) : owner_(owner_mutex) {
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) throw_errno(errno, "epoll_create1");
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) {
+    const int error = errno;
+    ::close(epoll_fd_);
+    throw_errno(error, "eventfd");
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeId;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) {
+    const int error = errno;
+    ::close(wake_fd_);
+    ::close(epoll_fd_);
+    throw_errno(error, "epoll_ctl(eventfd)");
+  }
+}
+
+Reactor::~Reactor() {
+  std::thread thread;
+  {
+    const std::lock_guard<std::mutex> guard(thread_mutex_);
+    run_generation_.fetch_add(1);
+    thread = std::move(thread_);
+  }
+  if (thread.joinable()) {
+    wake();
+    assert(thread.get_id() != std::this_thread::get_id() && "~Reactor on its own thread");
+    if (thread.get_id() == std::this_thread::get_id()) {
+      thread.detach();
+    } else {
+      thread.join();
+    }
+  }
+  ::close(wake_fd_);
+  ::close(epoll_fd_);
+}
+
+Status<std::errc> Reactor::add(int fd, std::uint32_t epoll_events, IoCallback callback) {
+  if (!callback) return fail(std::errc::invalid_argument);
+  if (fd < 0) return fail(std::errc::bad_file_descriptor);
+  const std::uint64_t id = next_registration_id_;
+  epoll_event ev{};
+  ev.events = epoll_events;
+  ev.data.u64 = id;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) return fail(last_errc());
+  ++next_registration_id_;
+  if (const auto old = id_by_fd_.find(fd); old != id_by_fd_.end()) {
+    // The kernel accepted the fd, so the registration we still hold for this number is
+    // stale: its fd was closed without remove(). Its queued events die with its id.
+    registrations_.erase(old->second);
+    id_by_fd_.erase(old);
+  }
+  registrations_.emplace(id, std::make_shared<Registration>(
+                                 Registration{fd, epoll_events, std::move(callback)}));
+  id_by_fd_.emplace(fd, id);
+  return {};
+}
+
+Status<std::errc> Reactor::modify(int fd, std::uint32_t epoll_events) {
+  const auto it = id_by_fd_.find(fd);
+  if (it == id_by_fd_.end()) return fail(std::errc::no_such_file_or_directory);
+  epoll_event ev{};
+  ev.events = epoll_events;
+  ev.data.u64 = it->second;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev) != 0) return fail(last_errc());
+  const auto registration = registrations_.find(it->second);
+  assert(registration != registrations_.end());
+  registration->second->events = epoll_events;
+  return {};
+}
+
+void Reactor::remove(int fd) {
+  const auto it = id_by_fd_.find(fd);
+  if (it == id_by_fd_.end()) return;
+  // Fails with EBADF/ENOENT if the fd was closed already; the id lookup below is what
+  // guarantees no further dispatch, so the result does not matter.
+  (void)::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  // A callback being dispatched keeps its Registration alive through its own shared_ptr.
+  registrations_.erase(it->second);
+  id_by_fd_.erase(it);
+}
+
+Reactor::TimerId Reactor::add_timer(Clock::time_point deadline, TimerCallback callback) {
+  const TimerId id = next_timer_id_++;
+  // multimap inserts at the upper bound of equal keys: equal deadlines fire FIFO.
+  const auto it = timers_.emplace(deadline, Timer{id, std::move(callback)});
+  timer_index_.emplace(id, it);
+  // A run_once() sleeping past this deadline must recompute its timeout. We hold the
+  // owner mutex, so sleepers_/sleep_deadline_ are stable here.
+  if (sleepers_ > 0 && deadline < sleep_deadline_) wake();
+  return id;
+}
+
+void Reactor::cancel_timer(TimerId id) {
+  const auto it = timer_index_.find(id);
+  if (it == timer_index_.end()) return;
+  timers_.erase(it->second);
+  timer_index_.erase(it);
+}
+
+void Reactor::run_once(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait) {
+  assert(lock.owns_lock() && lock.mutex() == &owner_);
+  const CurrentReactorScope scope(this);
+
+  const Clock::time_point before = Clock::now();
+  const int timeout_ms =
+      wait_timeout_ms(before, max_wait, timers_.empty() ? nullptr : &timers_.begin()->first);
+
+  std::array<epoll_event, kMaxEvents> events;
+  const Clock::time_point my_deadline = before + std::chrono::milliseconds(timeout_ms);
+  sleep_deadline_ = sleepers_ == 0 ? my_deadline : std::max(sleep_deadline_, my_deadline);
+  ++sleepers_;
+  lock.unlock();
+  int ready = ::epoll_wait(epoll_fd_, events.data(), kMaxEvents, timeout_ms);
+  lock.lock();
+  --sleepers_;
+  if (ready < 0) ready = 0;  // EINTR: just run the due timers and return
+
+  for (int i = 0; i < ready; ++i) {
+    const epoll_event& ev = events[static_cast<std::size_t>(i)];
+    if (ev.data.u64 == kWakeId) {
+      std::uint64_t count = 0;
+      if (::read(wake_fd_, &count, sizeof count) < 0) {
+        // EAGAIN: a concurrent round drained it first. Either way the counter is reset.
+      }
+      continue;
+    }
+    // Removed (possibly by an earlier callback of this batch) or replaced: skip.
+    const auto it = registrations_.find(ev.data.u64);
+    if (it == registrations_.end()) continue;
+    const std::shared_ptr<Registration> registration = it->second;
+    registration->callback(ev.events);
+  }
+
+  dispatch_timers(Clock::now());
+}
+
+void Reactor::dispatch_timers(Clock::time_point now) {
+  // Snapshot the due ids first: a callback may cancel a later one of them (which must then
+  // not fire) or add a new due timer (which fires next round, so a timer re-arming itself
+  // for "now" cannot starve the fds).
+  due_scratch_.clear();
+  for (auto it = timers_.begin(); it != timers_.end() && it->first <= now; ++it) {
+    due_scratch_.push_back(it->second.id);
+  }
+  for (std::size_t i = 0; i < due_scratch_.size(); ++i) {
+    const auto index = timer_index_.find(due_scratch_[i]);
+    if (index == timer_index_.end()) continue;  // cancelled by an earlier callback
+    TimerCallback callback = std::move(index->second->second.callback);
+    timers_.erase(index->second);
+    timer_index_.erase(index);
+    if (callback) callback();
+  }
+}
+
+void Reactor::wake() {
+  const std::uint64_t one = 1;
+  ssize_t written = 0;
+  do {
+    written = ::write(wake_fd_, &one, sizeof one);
+  } while (written < 0 && errno == EINTR);
+  // EAGAIN: the counter is saturated, so the eventfd is readable anyway.
+}
+
+void Reactor::start_thread() {
+  std::thread finished;
+  {
+    const std::lock_guard<std::mutex> guard(thread_mutex_);
+    if (thread_.joinable()) {
+      if (run_generation_.load() == thread_generation_) return;  // running
+      if (thread_.get_id() == std::this_thread::get_id()) {
+        // stop_thread() then start_thread() from the same callback: keep running.
+        run_generation_.store(thread_generation_);
+        return;
+      }
+      // Stopped from its own callback and not joined yet. It needs no lock to finish
+      // (it exits straight from its loop), so joining it below cannot deadlock.
+      finished = std::move(thread_);
+    }
+    thread_generation_ = run_generation_.fetch_add(1) + 1;
+    thread_ = std::thread(&Reactor::thread_main, this, thread_generation_);
+  }
+  if (finished.joinable()) finished.join();
+}
+
+void Reactor::stop_thread() {
+  std::thread thread;
+  {
+    const std::lock_guard<std::mutex> guard(thread_mutex_);
+    if (!thread_.joinable()) return;
+    run_generation_.fetch_add(1);
+    if (thread_.get_id() == std::this_thread::get_id()) return;  // joined later
+    thread = std::move(thread_);
+  }
+  wake();
+  // Its final round needs the owner mutex: the caller must not hold it.
+  thread.join();
+}
+
+void Reactor::thread_main(std::uint64_t generation) {
+  const CurrentReactorScope scope(this);
+  std::unique_lock<std::mutex> lock(owner_);
+  while (run_generation_.load() == generation) run_once(lock, kForever);
+}
+
+bool Reactor::on_reactor_thread() const { return t_current_reactor == this; }
+
+std::size_t Reactor::registered_fds() const { return registrations_.size(); }
+
+std::size_t Reactor::pending_timers() const { return timers_.size(); }
+
+}  // namespace peercm::engine

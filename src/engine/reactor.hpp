@@ -1,0 +1,132 @@
+// The I/O engine: an epoll reactor with timers and a wake-up eventfd. It owns no protocol
+// state; the API layer registers sockets and timers and runs protocol cores in callbacks.
+//
+// Threading: all methods except wake() and the blocking wait inside run_once() must be
+// called with the owner's mutex held (the mutex given to the constructor). run_once()
+// releases that mutex only while it sleeps in epoll_wait, so callbacks run with it held.
+// Exception: stop_thread() (and the destructor) join the progress thread, which needs the
+// mutex to finish its round, so they must be called WITHOUT it, except from a callback on
+// the progress thread itself. start_thread() works with or without it.
+//
+// Callback safety: every registration gets a unique 64-bit id that rides in the epoll
+// event, and each event is looked up by that id before dispatch. So remove(fd) or
+// cancel_timer() from inside any callback (the one being dispatched, or one later in the
+// same batch) means that callback is never invoked again, and a closed fd whose number is
+// reused by a new registration never receives the old registration's stale events.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "peercm/result.hpp"
+
+namespace peercm::engine {
+
+using Clock = std::chrono::steady_clock;
+
+class Reactor {
+ public:
+  using IoCallback = std::function<void(std::uint32_t epoll_events)>;
+  using TimerCallback = std::function<void()>;
+  using TimerId = std::uint64_t;
+
+  // Creates the epoll instance and the wake-up eventfd. Throws std::system_error if the
+  // kernel refuses either (EMFILE, ENOMEM): the only exception this class raises.
+  explicit Reactor(std::mutex& owner_mutex);
+  // Stops and joins the progress thread if it still runs, so like stop_thread() it must
+  // not be called with the owner mutex held nor on the progress thread.
+  ~Reactor();
+  Reactor(const Reactor&) = delete;
+  Reactor& operator=(const Reactor&) = delete;
+
+  // `epoll_events` is passed to epoll as is (EPOLLIN|EPOLLOUT|EPOLLRDHUP, EPOLLET, ...).
+  // Errors: EBADF and the other epoll_ctl errnos; EEXIST if `fd` is registered already;
+  // EINVAL for an empty callback. A registration whose fd was closed without remove() is
+  // replaced silently when the fd number is added again.
+  Status<std::errc> add(int fd, std::uint32_t epoll_events, IoCallback callback);
+  // ENOENT if `fd` is not registered.
+  Status<std::errc> modify(int fd, std::uint32_t epoll_events);
+  // Safe to call from inside a callback, also for the fd being dispatched. No-op for an
+  // unknown fd. Call it before close(fd).
+  void remove(int fd);
+
+  // Fires at the first round whose clock reading is >= deadline (never early); timers with
+  // equal deadlines fire in the order they were added. Never returns 0, so 0 can mean
+  // "no timer". A timer added from a callback fires in a later round at the earliest.
+  TimerId add_timer(Clock::time_point deadline, TimerCallback callback);
+  // No-op for an unknown, fired or cancelled id.
+  void cancel_timer(TimerId id);
+
+  // One round: wait (mutex released) up to `max_wait` or the next timer, then dispatch
+  // ready fds and due timers (mutex held). `lock` must own the owner mutex.
+  // The wait is rounded up to whole milliseconds; a negative `max_wait` means "poll".
+  void run_once(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait);
+  // Interrupts a run_once() sleeping in another thread. Thread-safe, no lock needed.
+  void wake();
+
+  // Progress thread: runs run_once() in a loop until stop_thread(). No-op if running.
+  void start_thread();
+  // Sets the stop flag, wakes the thread and joins it: call it WITHOUT the owner mutex
+  // (the thread needs it to finish its round). No-op if no thread runs. From a callback on
+  // the progress thread itself it only requests the stop: the thread ends after the
+  // current round and is joined by the next start_thread(), stop_thread() or destructor.
+  void stop_thread();
+  // True on the progress thread, and inside run_once() on the thread calling it.
+  bool on_reactor_thread() const;
+
+  std::size_t registered_fds() const;
+  std::size_t pending_timers() const;
+
+ private:
+  struct Registration {
+    int fd;
+    std::uint32_t events;
+    IoCallback callback;
+  };
+  struct Timer {
+    TimerId id;
+    TimerCallback callback;
+  };
+  using TimerQueue = std::multimap<Clock::time_point, Timer>;
+
+  void dispatch_timers(Clock::time_point now);
+  void thread_main(std::uint64_t generation);
+
+  std::mutex& owner_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+
+  // Guarded by owner_. Epoll data carries the registration id; id 0 is the wake eventfd.
+  std::uint64_t next_registration_id_ = 1;
+  std::unordered_map<std::uint64_t, std::shared_ptr<Registration>> registrations_;
+  std::unordered_map<int, std::uint64_t> id_by_fd_;
+
+  // Guarded by owner_. Ordered by deadline (ties: insertion order); index for cancel.
+  TimerId next_timer_id_ = 1;
+  TimerQueue timers_;
+  std::unordered_map<TimerId, TimerQueue::iterator> timer_index_;
+  std::vector<TimerId> due_scratch_;
+
+  // Guarded by owner_: how many run_once() calls sleep in epoll_wait, and until when.
+  unsigned sleepers_ = 0;
+  Clock::time_point sleep_deadline_{};
+
+  // Progress thread. thread_ and thread_generation_ are guarded by thread_mutex_ (never
+  // held while joining); the thread runs while run_generation_ equals its generation, so a
+  // stopped thread that has not been joined yet cannot be revived by a later start.
+  std::mutex thread_mutex_;
+  std::thread thread_;
+  std::uint64_t thread_generation_ = 0;
+  std::atomic<std::uint64_t> run_generation_{0};
+};
+
+}  // namespace peercm::engine

@@ -1,0 +1,389 @@
+// The RDMA data path over loopback through the public API: every operation at sizes from
+// 0 B to 16 MiB, with CRC on and off, plus the error paths that end in a Terminate.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+#include <string>
+
+#include "loopback_pair.hpp"
+
+namespace peercm::test {
+namespace {
+
+std::vector<std::uint8_t> pattern(std::size_t size, unsigned seed) {
+  std::vector<std::uint8_t> v(size);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = static_cast<std::uint8_t>(rng());
+  return v;
+}
+
+struct SizeCase {
+  std::size_t size;
+  bool crc;
+};
+
+std::string name_of(const testing::TestParamInfo<SizeCase>& info) {
+  return std::to_string(info.param.size) + (info.param.crc ? "_crc" : "_nocrc");
+}
+
+class DataPath : public testing::TestWithParam<SizeCase> {
+ protected:
+  void SetUp() override {
+    Options options;
+    options.crc = GetParam().crc ? 0 : 2;
+    pair_ = LoopbackPair::connected(options);
+  }
+  std::unique_ptr<LoopbackPair> pair_;
+};
+
+// A message scattered over three SGEs arrives in a receive with three SGEs of other sizes.
+TEST_P(DataPath, SendRecvWithMultipleSges) {
+  const std::size_t size = GetParam().size;
+  auto source = pattern(size, 1);
+  std::vector<std::uint8_t> sink(size + 64, 0xCC);
+  auto src_mr = pair_->client.region(source);
+  auto sink_mr = pair_->server.region(sink);
+  const std::size_t a = size / 3, b = size / 2;
+  const std::size_t c = size + 64 - a - b;
+  ASSERT_TRUE(pair_->server.qp->post_recv(
+      RecvWr{.wr_id = 10, .sg_list = {sink_mr->sge(0, b), sink_mr->sge(b, a), sink_mr->sge(a + b, c)}}));
+  ASSERT_TRUE(pair_->client.qp->post_send(SendWr{
+      .wr_id = 20,
+      .opcode = WrOpcode::send,
+      .sg_list = {src_mr->sge(0, a), src_mr->sge(a, size / 4), src_mr->sge(a + size / 4, size - a - size / 4)}}));
+  auto recv = poll_n(*pair_->server.cq, 1, 30s);
+  auto sent = poll_n(*pair_->client.cq, 1, 30s);
+  ASSERT_EQ(recv.size(), 1u);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(recv[0].status, WcStatus::success);
+  EXPECT_EQ(recv[0].opcode, WcOpcode::recv);
+  EXPECT_EQ(recv[0].byte_len, size);
+  EXPECT_EQ(sent[0].wr_id, 20u);
+  EXPECT_EQ(sent[0].status, WcStatus::success);
+  // Receive SGE order: [0,b) then [b,b+a) then the rest.
+  std::vector<std::uint8_t> got(sink.begin(), sink.begin() + static_cast<std::ptrdiff_t>(size));
+  EXPECT_TRUE(got == source);
+  EXPECT_EQ(sink[size], 0xCC) << "nothing written past the message";
+}
+
+TEST_P(DataPath, RdmaWrite) {
+  const std::size_t size = GetParam().size;
+  auto source = pattern(size, 2);
+  std::vector<std::uint8_t> target(size + 16, 0);
+  auto src_mr = pair_->client.region(source);
+  auto dst_mr = pair_->server.region(target);
+  ASSERT_TRUE(pair_->client.qp->post_send(SendWr{.wr_id = 1,
+                                                 .opcode = WrOpcode::rdma_write,
+                                                 .sg_list = {src_mr->sge()},
+                                                 .remote_addr = reinterpret_cast<std::uintptr_t>(target.data()) + 8,
+                                                 .rkey = dst_mr->rkey()}));
+  auto done = poll_n(*pair_->client.cq, 1, 30s);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, WcStatus::success);
+  EXPECT_EQ(done[0].opcode, WcOpcode::rdma_write);
+  // A following Send makes the Write visible (RFC 5040 §5.5).
+  std::vector<std::uint8_t> note(4, 1), note_sink(4);
+  auto note_mr = pair_->client.region(note);
+  auto note_sink_mr = pair_->server.region(note_sink);
+  ASSERT_TRUE(pair_->server.qp->post_recv(RecvWr{.wr_id = 2, .sg_list = {note_sink_mr->sge()}}));
+  ASSERT_TRUE(pair_->client.qp->post_send(SendWr{.wr_id = 3, .opcode = WrOpcode::send, .sg_list = {note_mr->sge()}}));
+  ASSERT_EQ(poll_n(*pair_->server.cq, 1, 30s).size(), 1u);
+  EXPECT_TRUE(std::equal(source.begin(), source.end(), target.begin() + 8));
+  EXPECT_EQ(target[0], 0);
+}
+
+TEST_P(DataPath, RdmaRead) {
+  const std::size_t size = GetParam().size;
+  auto remote = pattern(size, 3);
+  std::vector<std::uint8_t> local(size, 0);
+  auto remote_mr = pair_->server.region(remote);
+  auto local_mr = pair_->client.region(local);
+  ASSERT_TRUE(pair_->client.qp->post_send(SendWr{.wr_id = 9,
+                                                 .opcode = WrOpcode::rdma_read,
+                                                 .sg_list = {local_mr->sge()},
+                                                 .remote_addr = reinterpret_cast<std::uintptr_t>(remote.data()),
+                                                 .rkey = remote_mr->rkey()}));
+  auto done = poll_n(*pair_->client.cq, 1, 30s);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, WcStatus::success);
+  EXPECT_EQ(done[0].opcode, WcOpcode::rdma_read);
+  EXPECT_TRUE(local == remote);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, DataPath,
+                         testing::Values(SizeCase{0, true}, SizeCase{1, false}, SizeCase{4095, true},
+                                         SizeCase{65536 + 7, false}, SizeCase{65536 + 7, true},
+                                         SizeCase{1 << 20, false}, SizeCase{(1 << 20) + 3, true},
+                                         SizeCase{16 << 20, false}, SizeCase{16 << 20, true}),
+                         name_of);
+
+TEST(DataPathOrdering, ReadsBeyondOrdWaitAndCompleteInOrder) {
+  Options options;
+  options.client_param.initiator_depth = 1;  // ORD 1
+  options.server_param.responder_resources = 1;
+  auto pair = LoopbackPair::connected(options);
+  auto remote = pattern(4096, 4);
+  std::vector<std::uint8_t> local(4096 * 8, 0);
+  auto remote_mr = pair->server.region(remote);
+  auto local_mr = pair->client.region(local);
+  for (std::uint64_t i = 0; i < 8; ++i) {
+    ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = i,
+                                                  .opcode = WrOpcode::rdma_read,
+                                                  .sg_list = {local_mr->sge(i * 4096, 4096)},
+                                                  .remote_addr = reinterpret_cast<std::uintptr_t>(remote.data()),
+                                                  .rkey = remote_mr->rkey()}));
+  }
+  auto done = poll_n(*pair->client.cq, 8);
+  ASSERT_EQ(done.size(), 8u);
+  for (std::uint64_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(done[i].wr_id, i);
+    EXPECT_EQ(done[i].status, WcStatus::success);
+    EXPECT_TRUE(std::equal(remote.begin(), remote.end(), local.begin() + static_cast<std::ptrdiff_t>(i * 4096)));
+  }
+}
+
+TEST(DataPathOrdering, ManyQueuePairsAtOnce) {
+  Options options;
+  LoopbackPair pair(options);
+  constexpr int kPairs = 16;
+  std::vector<std::unique_ptr<CmId>> clients, servers;
+  for (int i = 0; i < kPairs; ++i) {
+    auto id = std::move(CmId::create(*pair.client.context, *pair.client.channel).value());
+    ASSERT_TRUE(id->resolve_addr(loopback(pair.port)));
+    expect_event(*pair.client.channel, CmEventType::addr_resolved);
+    ASSERT_TRUE(id->resolve_route());
+    expect_event(*pair.client.channel, CmEventType::route_resolved);
+    id->create_qp(*pair.client.pd, pair.client.qp_attr()).value();
+    ASSERT_TRUE(id->connect({}));
+    auto request = expect_event(*pair.server.channel, CmEventType::connect_request);
+    request.new_id->create_qp(*pair.server.pd, pair.server.qp_attr()).value();
+    ASSERT_TRUE(request.new_id->accept({}));
+    expect_event(*pair.server.channel, CmEventType::established);
+    expect_event(*pair.client.channel, CmEventType::established);
+    clients.push_back(std::move(id));
+    servers.push_back(std::move(request.new_id));
+  }
+  constexpr std::size_t kSize = 100000;
+  std::vector<std::vector<std::uint8_t>> sources, sinks;
+  std::vector<std::unique_ptr<MemoryRegion>> mrs;
+  for (int i = 0; i < kPairs; ++i) {
+    sources.push_back(pattern(kSize, 100 + static_cast<unsigned>(i)));
+    sinks.emplace_back(kSize, 0);
+  }
+  for (int i = 0; i < kPairs; ++i) {
+    mrs.push_back(pair.server.region(sinks[static_cast<std::size_t>(i)]));
+    ASSERT_TRUE(servers[static_cast<std::size_t>(i)]->qp()->post_recv(
+        RecvWr{.wr_id = static_cast<std::uint64_t>(i), .sg_list = {mrs.back()->sge()}}));
+    mrs.push_back(pair.client.region(sources[static_cast<std::size_t>(i)]));
+    ASSERT_TRUE(clients[static_cast<std::size_t>(i)]->qp()->post_send(
+        SendWr{.wr_id = static_cast<std::uint64_t>(i), .opcode = WrOpcode::send, .sg_list = {mrs.back()->sge()}}));
+  }
+  auto recvs = poll_n(*pair.server.cq, kPairs);
+  ASSERT_EQ(recvs.size(), static_cast<std::size_t>(kPairs));
+  for (int i = 0; i < kPairs; ++i) EXPECT_TRUE(sinks[static_cast<std::size_t>(i)] == sources[static_cast<std::size_t>(i)]);
+}
+
+TEST(DataPathFeatures, SendWithInvalidateRevokesTheRegion) {
+  auto pair = LoopbackPair::connected();
+  std::vector<std::uint8_t> exposed(128, 0), msg(16, 7), sink(16);
+  auto exposed_mr = pair->server.region(exposed);
+  auto msg_mr = pair->client.region(msg);
+  auto sink_mr = pair->server.region(sink);
+  ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = 1, .sg_list = {sink_mr->sge()}}));
+  ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = 2,
+                                                .opcode = WrOpcode::send_with_invalidate,
+                                                .sg_list = {msg_mr->sge()},
+                                                .invalidate_rkey = exposed_mr->rkey()}));
+  auto recv = poll_n(*pair->server.cq, 1);
+  ASSERT_EQ(recv.size(), 1u);
+  EXPECT_TRUE(recv[0].wc_flags & kWcWithInvalidate);
+  EXPECT_EQ(recv[0].invalidated_rkey, exposed_mr->rkey());
+  // The invalidated STag no longer admits a Write: the server terminates the stream.
+  ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = 3,
+                                                .opcode = WrOpcode::rdma_write,
+                                                .sg_list = {msg_mr->sge()},
+                                                .remote_addr = reinterpret_cast<std::uintptr_t>(exposed.data()),
+                                                .rkey = exposed_mr->rkey()}));
+  expect_event(*pair->server.channel, CmEventType::disconnected);
+  expect_event(*pair->client.channel, CmEventType::disconnected);
+  EXPECT_EQ(exposed[0], 0) << "nothing placed through an invalidated STag";
+}
+
+TEST(DataPathFeatures, SolicitedEventWakesOnlyOnSolicitedSends) {
+  Options options;
+  LoopbackPair pair(options);
+  auto channel = std::move(CompletionChannel::create(*pair.server.context).value());
+  pair.server.cq = std::move(CompletionQueue::create(*pair.server.context, 64, channel.get()).value());
+  pair.start_client(options);
+  pair.accept(options);
+  std::vector<std::uint8_t> msg(8, 3), sink(64);
+  auto msg_mr = pair.client.region(msg);
+  auto sink_mr = pair.server.region(sink);
+  for (std::uint64_t i = 0; i < 2; ++i)
+    ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = i, .sg_list = {sink_mr->sge(i * 8, 8)}}));
+  ASSERT_TRUE(pair.server.cq->request_notify(/*solicited_only=*/true));
+  ASSERT_TRUE(pair.client.qp->post_send(SendWr{.wr_id = 1, .opcode = WrOpcode::send, .sg_list = {msg_mr->sge()}}));
+  EXPECT_FALSE(channel->get_event(300ms).has_value()) << "a plain Send must not wake a solicited-only waiter";
+  ASSERT_TRUE(pair.client.qp->post_send(
+      SendWr{.wr_id = 2, .opcode = WrOpcode::send, .flags = kSendSolicited, .sg_list = {msg_mr->sge()}}));
+  auto woke = channel->get_event(3s);
+  ASSERT_TRUE(woke.has_value());
+  EXPECT_EQ(*woke, pair.server.cq.get());
+  channel->ack_events(**woke, 1);
+  auto recvs = poll_n(*pair.server.cq, 2);
+  ASSERT_EQ(recvs.size(), 2u);
+  EXPECT_TRUE(recvs[1].wc_flags & kWcSolicited);
+  pair.server.id.reset();
+  pair.server.cq.reset();
+}
+
+TEST(DataPathFeatures, InlineSendCopiesAtPostTime) {
+  auto pair = LoopbackPair::connected();
+  std::vector<std::uint8_t> msg(48, 9), sink(48);
+  auto sink_mr = pair->server.region(sink);
+  ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = 1, .sg_list = {sink_mr->sge()}}));
+  const Sge unregistered{.addr = reinterpret_cast<std::uintptr_t>(msg.data()), .length = 48, .lkey = 0};
+  ASSERT_TRUE(pair->client.qp->post_send(
+      SendWr{.wr_id = 2, .opcode = WrOpcode::send, .flags = kSendInline, .sg_list = {unregistered}}));
+  std::fill(msg.begin(), msg.end(), 0);  // the copy was taken at post time
+  ASSERT_EQ(poll_n(*pair->server.cq, 1).size(), 1u);
+  EXPECT_EQ(sink, std::vector<std::uint8_t>(48, 9));
+}
+
+// --- error paths: each ends in a Terminate, both QPs in ERROR, every WR completed once ---
+
+struct Violation {
+  std::string name;
+  std::uint32_t access;       // of the exposed region
+  WrOpcode opcode;            // what the client tries
+  std::int64_t offset;        // from the region start
+  std::size_t length;
+  bool wrong_key;
+};
+
+class RemoteAccessViolation : public testing::TestWithParam<Violation> {};
+
+TEST_P(RemoteAccessViolation, TerminatesAndFlushesEverything) {
+  const Violation& v = GetParam();
+  auto pair = LoopbackPair::connected();
+  std::vector<std::uint8_t> exposed(4096, 0x42), local(8192, 0x17), recv_buf(64);
+  auto exposed_mr = pair->server.region(exposed, v.access);
+  auto local_mr = pair->client.region(local);
+  auto recv_mr = pair->server.region(recv_buf);
+  auto client_recv_mr = pair->client.region(recv_buf);
+  // Outstanding receives on both sides must come back flushed.
+  ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = 100, .sg_list = {recv_mr->sge()}}));
+  ASSERT_TRUE(pair->client.qp->post_recv(RecvWr{.wr_id = 200, .sg_list = {client_recv_mr->sge(0, 8)}}));
+  std::uint32_t rkey = exposed_mr->rkey();
+  if (v.wrong_key) rkey = (rkey & ~0xFFu) | ((rkey + 1) & 0xFFu);
+  const std::uint64_t remote = reinterpret_cast<std::uintptr_t>(exposed.data()) + static_cast<std::uint64_t>(v.offset);
+  ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = 1,
+                                                .opcode = v.opcode,
+                                                .sg_list = {local_mr->sge(0, v.length)},
+                                                .remote_addr = remote,
+                                                .rkey = rkey}));
+  expect_event(*pair->server.channel, CmEventType::disconnected);
+  expect_event(*pair->client.channel, CmEventType::disconnected);
+  auto server_done = poll_n(*pair->server.cq, 1);
+  ASSERT_EQ(server_done.size(), 1u);
+  EXPECT_EQ(server_done[0].wr_id, 100u);
+  EXPECT_EQ(server_done[0].status, WcStatus::wr_flush_error);
+  auto client_done = poll_n(*pair->client.cq, 2);
+  ASSERT_EQ(client_done.size(), 2u);
+  EXPECT_EQ(pair->server.qp->state(), QpState::error);
+  EXPECT_EQ(pair->client.qp->state(), QpState::error);
+  EXPECT_TRUE(std::all_of(exposed.begin(), exposed.end(), [](std::uint8_t b) { return b == 0x42; }))
+      << "the remote side never touches a byte it was not given";
+  if (v.opcode == WrOpcode::rdma_read) {
+    EXPECT_TRUE(std::all_of(local.begin(), local.begin() + static_cast<std::ptrdiff_t>(v.length),
+                            [](std::uint8_t b) { return b == 0x17; }));
+  }
+}
+
+const std::uint32_t kAll = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead;
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, RemoteAccessViolation,
+    testing::Values(Violation{"WriteWrongKey", kAll, WrOpcode::rdma_write, 0, 64, true},
+                    Violation{"WritePastEnd", kAll, WrOpcode::rdma_write, 4000, 200, false},
+                    Violation{"WriteBeforeStart", kAll, WrOpcode::rdma_write, -8, 16, false},
+                    Violation{"WriteWithoutRight", kAccessLocalWrite | kAccessRemoteRead, WrOpcode::rdma_write, 0, 64, false},
+                    Violation{"ReadWrongKey", kAll, WrOpcode::rdma_read, 0, 64, true},
+                    Violation{"ReadPastEnd", kAll, WrOpcode::rdma_read, 4090, 64, false},
+                    Violation{"ReadWithoutRight", kAccessLocalWrite | kAccessRemoteWrite, WrOpcode::rdma_read, 0, 64, false}),
+    [](const testing::TestParamInfo<Violation>& param_info) { return param_info.param.name; });
+
+TEST(DataPathErrors, SendWithoutPostedReceiveTerminatesBothSides) {
+  auto pair = LoopbackPair::connected();
+  std::vector<std::uint8_t> msg(32, 1), client_recv(8);
+  auto msg_mr = pair->client.region(msg);
+  auto client_recv_mr = pair->client.region(client_recv);
+  ASSERT_TRUE(pair->client.qp->post_recv(RecvWr{.wr_id = 50, .sg_list = {client_recv_mr->sge()}}));
+  ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = 51, .opcode = WrOpcode::send, .sg_list = {msg_mr->sge()}}));
+  expect_event(*pair->server.channel, CmEventType::disconnected);
+  expect_event(*pair->client.channel, CmEventType::disconnected);
+  auto done = poll_n(*pair->client.cq, 2);
+  ASSERT_EQ(done.size(), 2u);
+  bool flushed_recv = false;
+  for (auto& wc : done) flushed_recv |= wc.wr_id == 50 && wc.status == WcStatus::wr_flush_error;
+  EXPECT_TRUE(flushed_recv);
+}
+
+TEST(DataPathErrors, PeerGoneMidTransferDisconnectsAndFlushes) {
+  auto pair = LoopbackPair::connected();
+  std::vector<std::uint8_t> big(8 << 20, 1), sink(8 << 20);
+  auto big_mr = pair->client.region(big);
+  auto sink_mr = pair->server.region(sink);
+  ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = 1, .sg_list = {sink_mr->sge()}}));
+  ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = 2, .sg_list = {sink_mr->sge(0, 8)}}));
+  for (std::uint64_t i = 0; i < 4; ++i)
+    ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = 10 + i,
+                                                  .opcode = WrOpcode::rdma_write,
+                                                  .sg_list = {big_mr->sge()},
+                                                  .remote_addr = reinterpret_cast<std::uintptr_t>(sink.data()),
+                                                  .rkey = sink_mr->rkey()}));
+  pair->client.id.reset();  // the client vanishes (abortive close)
+  expect_event(*pair->server.channel, CmEventType::disconnected, 5s);
+  auto done = poll_n(*pair->server.cq, 2);
+  ASSERT_EQ(done.size(), 2u);
+  for (auto& wc : done) EXPECT_EQ(wc.status, WcStatus::wr_flush_error);
+}
+
+TEST(DataPathErrors, BadWorkRequestsAreRejectedAtPost) {
+  auto pair = LoopbackPair::connected();
+  std::vector<std::uint8_t> buf(64);
+  auto mr = pair->client.region(buf);
+  SendWr too_many_sges{.wr_id = 1, .opcode = WrOpcode::send, .sg_list = std::vector<Sge>(9, mr->sge(0, 1))};
+  EXPECT_EQ(pair->client.qp->post_send(too_many_sges).error(), std::errc::invalid_argument);
+  std::vector<std::uint8_t> big(4096);
+  const Sge huge_inline{.addr = reinterpret_cast<std::uintptr_t>(big.data()), .length = 4096, .lkey = 0};
+  EXPECT_EQ(pair->client.qp->post_send(SendWr{.wr_id = 2, .opcode = WrOpcode::send, .flags = kSendInline, .sg_list = {huge_inline}})
+                .error(),
+            std::errc::invalid_argument);
+}
+
+TEST(DataPathErrors, CompletionQueueOverrunIsReportedNotCorrupting) {
+  Options options;
+  LoopbackPair pair(options);
+  pair.client.cq = std::move(CompletionQueue::create(*pair.client.context, 2).value());
+  pair.start_client(options);
+  pair.accept(options);
+  std::vector<std::uint8_t> buf(8, 1), sink(64);
+  auto mr = pair.client.region(buf);
+  auto sink_mr = pair.server.region(sink);
+  for (std::uint64_t i = 0; i < 8; ++i)
+    ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = i, .sg_list = {sink_mr->sge(i * 8, 8)}}));
+  for (std::uint64_t i = 0; i < 8; ++i)
+    (void)pair.client.qp->post_send(SendWr{.wr_id = i, .opcode = WrOpcode::send, .sg_list = {mr->sge()}});
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!pair.client.cq->overrun() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  EXPECT_TRUE(pair.client.cq->overrun());
+  WorkCompletion wcs[8];
+  EXPECT_LE(pair.client.cq->poll(wcs), 2u);
+  pair.client.id.reset();
+  pair.client.cq.reset();
+}
+
+}  // namespace
+}  // namespace peercm::test

@@ -1,0 +1,137 @@
+// Test fixture: two contexts connected over 127.0.0.1 through the public API, as an
+// application would do it (listen / resolve / connect / accept with events).
+#pragma once
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "peercm/cm.hpp"
+#include "peercm/verbs.hpp"
+
+namespace peercm::test {
+
+using namespace std::chrono_literals;
+
+inline sockaddr_in loopback(std::uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+// Waits for the next event and checks its type.
+inline CmEvent expect_event(EventChannel& channel, CmEventType type, std::chrono::milliseconds timeout = 5s) {
+  auto event = channel.get_event(timeout);
+  EXPECT_TRUE(event.has_value()) << "no event, wanted " << to_string(type);
+  if (!event) return CmEvent{};
+  EXPECT_EQ(to_string(event->type), to_string(type)) << "status " << event->status;
+  return std::move(*event);
+}
+
+// Polls until `n` completions arrived or the timeout passed.
+inline std::vector<WorkCompletion> poll_n(CompletionQueue& cq, std::size_t n, std::chrono::milliseconds timeout = 10s) {
+  std::vector<WorkCompletion> out;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  WorkCompletion batch[16];
+  while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+    const std::size_t got = cq.poll(std::span(batch, std::min<std::size_t>(16, n - out.size())));
+    out.insert(out.end(), batch, batch + got);
+  }
+  return out;
+}
+
+// One side of a connection: its context, PD, CQ and CmId.
+struct Side {
+  std::unique_ptr<Context> context;
+  std::unique_ptr<EventChannel> channel;
+  std::unique_ptr<ProtectionDomain> pd;
+  std::unique_ptr<CompletionQueue> cq;
+  std::unique_ptr<CmId> id;
+  QueuePair* qp = nullptr;
+
+  explicit Side(ContextOptions options = {}) {
+    context = std::move(Context::open(options).value());
+    channel = std::move(EventChannel::create().value());
+    pd = std::move(ProtectionDomain::allocate(*context).value());
+    cq = std::move(CompletionQueue::create(*context, 4096).value());
+  }
+  QpInitAttr qp_attr() const {
+    QpInitAttr attr;
+    attr.send_cq = cq.get();
+    attr.recv_cq = cq.get();
+    attr.caps.max_send_wr = 512;
+    attr.caps.max_recv_wr = 512;
+    attr.caps.max_send_sge = 4;
+    attr.caps.max_recv_sge = 4;
+    return attr;
+  }
+  std::unique_ptr<MemoryRegion> region(std::vector<std::uint8_t>& buffer,
+                                       std::uint32_t access = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead) {
+    return std::move(MemoryRegion::register_memory(*pd, buffer.data(), buffer.size(), access).value());
+  }
+};
+
+struct Options {
+  bool peer_to_peer = false;
+  std::int64_t crc = 1;  // preferred
+  ConnParam client_param;
+  ConnParam server_param;
+  ContextOptions context;
+};
+
+// A listening server and a client connected to it.
+struct LoopbackPair {
+  Side server;
+  Side client;
+  std::unique_ptr<CmId> listener;
+  std::uint16_t port = 0;
+  CmEvent request;  // the CONNECT_REQUEST the server saw
+  ConnParam client_established;
+
+  explicit LoopbackPair(const Options& options = {}) : server(options.context), client(options.context) {
+    listener = std::move(CmId::create(*server.context, *server.channel).value());
+    EXPECT_TRUE(listener->set_option(CmOption::crc, options.crc));
+    EXPECT_TRUE(listener->bind(loopback(0)));
+    EXPECT_TRUE(listener->listen(16));
+    port = ntohs(listener->local_address().sin_port);
+  }
+
+  // Starts the client side up to connect(); returns false on a setup failure.
+  void start_client(const Options& options) {
+    client.id = std::move(CmId::create(*client.context, *client.channel).value());
+    EXPECT_TRUE(client.id->set_option(CmOption::peer_to_peer, options.peer_to_peer ? 1 : 0));
+    EXPECT_TRUE(client.id->set_option(CmOption::crc, options.crc));
+    EXPECT_TRUE(client.id->resolve_addr(loopback(port)));
+    expect_event(*client.channel, CmEventType::addr_resolved);
+    EXPECT_TRUE(client.id->resolve_route());
+    expect_event(*client.channel, CmEventType::route_resolved);
+    client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+    EXPECT_TRUE(client.id->connect(options.client_param));
+  }
+
+  // The server takes the request and accepts it; both sides see ESTABLISHED.
+  void accept(const Options& options) {
+    request = expect_event(*server.channel, CmEventType::connect_request);
+    ASSERT_TRUE(request.new_id);
+    server.id = std::move(request.new_id);
+    server.qp = server.id->create_qp(*server.pd, server.qp_attr()).value();
+    ASSERT_TRUE(server.id->accept(options.server_param));
+    auto established = expect_event(*client.channel, CmEventType::established);
+    client_established = established.param;
+    expect_event(*server.channel, CmEventType::established);
+  }
+
+  static std::unique_ptr<LoopbackPair> connected(const Options& options = {}) {
+    auto pair = std::make_unique<LoopbackPair>(options);
+    pair->start_client(options);
+    pair->accept(options);
+    return pair;
+  }
+};
+
+}  // namespace peercm::test

@@ -1,0 +1,1444 @@
+// The queue-pair engine, two instances back to back in memory: data paths (Send/Recv,
+// Write, Read, Send with Invalidate, Solicited, Inline, Fence, unsignaled), ordering and
+// ORD/IRD, zero-copy receive, every Terminate the sink can raise, RTR absorption and the
+// responder fence, teardown and flushing. The pump splits the byte stream at random points
+// (seeded) on both the write side (partial handle_transmitted) and the read side.
+#include "core/queue_pair_engine.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "wire/fpdu.hpp"
+
+namespace peercm::core {
+namespace {
+
+using Bytes = std::vector<std::uint8_t>;
+using wire::TerminateCode;
+using wire::TerminateLayer;
+
+constexpr std::uint32_t kAllAccess = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead;
+
+class TestCq final : public CompletionSink {
+ public:
+  bool push(const WorkCompletion& wc) override {
+    if (wcs.size() >= capacity) return false;
+    wcs.push_back(wc);
+    return true;
+  }
+  void solicited() override { ++solicited_events; }
+
+  std::vector<WorkCompletion> wcs;
+  std::size_t capacity = std::numeric_limits<std::size_t>::max();
+  int solicited_events = 0;
+};
+
+struct Mr {
+  std::uint8_t* data = nullptr;
+  std::uint64_t addr = 0;
+  std::size_t length = 0;
+  std::uint32_t stag = 0;
+  Sge sge(std::size_t offset, std::size_t n) const {
+    return Sge{addr + offset, static_cast<std::uint32_t>(n), stag};
+  }
+  std::span<std::uint8_t> bytes() const { return {data, length}; }
+};
+
+// A pattern with a prime period, so a byte placed at the wrong offset shows.
+constexpr std::size_t kPatternPeriod = 65521;
+
+std::uint8_t pattern_byte(std::uint64_t seed, std::size_t i) {
+  const std::uint64_t x = (i % kPatternPeriod) * 0x9E3779B97F4A7C15ull + seed * 0xD1B54A32D192ED03ull;
+  return static_cast<std::uint8_t>(x >> 56);
+}
+
+void fill_pattern(std::span<std::uint8_t> bytes, std::uint64_t seed) {
+  const std::size_t head = std::min(bytes.size(), kPatternPeriod);
+  for (std::size_t i = 0; i < head; ++i) bytes[i] = pattern_byte(seed, i);
+  for (std::size_t at = head; at < bytes.size(); at += kPatternPeriod)
+    std::memcpy(bytes.data() + at, bytes.data(), std::min(kPatternPeriod, bytes.size() - at));
+}
+
+bool has_pattern(std::span<const std::uint8_t> bytes, std::uint64_t seed) {
+  if (bytes.empty()) return true;
+  std::vector<std::uint8_t> expected(bytes.size());
+  fill_pattern(expected, seed);
+  return std::memcmp(expected.data(), bytes.data(), bytes.size()) == 0;
+}
+
+class Peer {
+ public:
+  explicit Peer(std::uint32_t qp_num, QpCaps caps = {}, bool signal_all = true, std::uint32_t protection_domain = 7)
+      : memory(qp_num * 1000003ull), pd(protection_domain), qp(QpConfig{qp_num, protection_domain, caps, signal_all}, memory, scq, rcq) {}
+
+  Mr reg(std::size_t size, std::uint32_t access = kAllAccess, std::optional<std::uint32_t> in_pd = std::nullopt) {
+    auto& buffer = buffers.emplace_back(std::make_unique_for_overwrite<std::uint8_t[]>(size + 1));
+    Mr mr;
+    mr.data = buffer.get();
+    std::memset(mr.data, 0, size + 1);
+    mr.addr = reinterpret_cast<std::uintptr_t>(mr.data);
+    mr.length = size;
+    auto stag = memory.register_region(in_pd.value_or(pd), mr.addr, size, access);
+    EXPECT_TRUE(stag.has_value());
+    mr.stag = stag ? *stag : 0;
+    return mr;
+  }
+
+  std::vector<QpEvent> events() {
+    std::vector<QpEvent> out;
+    while (auto e = qp.poll_event()) out.push_back(*e);
+    return out;
+  }
+
+  Status<std::errc> send(std::uint64_t id, WrOpcode op, std::vector<Sge> sges, std::uint32_t flags = 0,
+                         std::uint64_t remote_addr = 0, std::uint32_t rkey = 0, std::uint32_t inv = 0) {
+    SendWr wr;
+    wr.wr_id = id;
+    wr.opcode = op;
+    wr.flags = flags;
+    wr.sg_list = std::move(sges);
+    wr.remote_addr = remote_addr;
+    wr.rkey = rkey;
+    wr.invalidate_rkey = inv;
+    auto result = qp.post_send(wr);
+    if (result) posted_sends.push_back(id);
+    return result;
+  }
+  Status<std::errc> recv(std::uint64_t id, std::vector<Sge> sges) {
+    RecvWr wr;
+    wr.wr_id = id;
+    wr.sg_list = std::move(sges);
+    auto result = qp.post_recv(wr);
+    if (result) posted_recvs.push_back(id);
+    return result;
+  }
+
+  // Every posted WR has exactly one completion.
+  void expect_all_completed_once() const {
+    std::map<std::uint64_t, int> s, r;
+    for (const auto& wc : scq.wcs) ++s[wc.wr_id];
+    for (const auto& wc : rcq.wcs) ++r[wc.wr_id];
+    for (auto id : posted_sends) EXPECT_EQ(s[id], 1) << "send wr " << id;
+    for (auto id : posted_recvs) EXPECT_EQ(r[id], 1) << "recv wr " << id;
+    EXPECT_EQ(scq.wcs.size(), posted_sends.size());
+    EXPECT_EQ(rcq.wcs.size(), posted_recvs.size());
+  }
+
+  MemoryTable memory;
+  std::uint32_t pd;
+  TestCq scq;
+  TestCq rcq;
+  QueuePairEngine qp;
+  std::vector<std::unique_ptr<std::uint8_t[]>> buffers;
+  std::vector<std::uint64_t> posted_sends;
+  std::vector<std::uint64_t> posted_recvs;
+};
+
+// One direction of the TCP connection.
+struct Link {
+  Bytes pending;  // in flight towards the receiver
+  std::size_t read = 0;
+  Bytes tap;      // everything that was written (when `record`)
+  bool record = true;
+  std::size_t written = 0;
+  std::function<void(std::uint8_t* data, std::size_t stream_offset, std::size_t n)> mutate;
+};
+
+class Pump {
+ public:
+  Pump(Peer& a, Peer& b, std::uint64_t seed, bool zero_copy = false)
+      : a_(a), b_(b), rng_(seed), zero_copy_(zero_copy) {}
+
+  // One round in both directions; false when nothing moved.
+  bool step() {
+    bool progress = move(a_.qp, ab);
+    progress = move(b_.qp, ba) || progress;
+    progress = deliver(ab, b_.qp) || progress;
+    progress = deliver(ba, a_.qp) || progress;
+    return progress;
+  }
+  void run(std::size_t max_rounds = 2'000'000) {
+    for (std::size_t i = 0; i < max_rounds; ++i)
+      if (!step()) return;
+    ADD_FAILURE() << "pump did not settle";
+  }
+  // Writes what `from` offers to the link (all of it, or a random prefix).
+  bool move(QueuePairEngine& from, Link& link, std::optional<std::size_t> limit = std::nullopt) {
+    std::array<iovec, 64> iov{};
+    const std::size_t n = from.gather_transmit(iov);
+    if (n == 0) return false;
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < n; ++i) total += iov[i].iov_len;
+    std::size_t k = total;
+    if (limit) {
+      k = std::min(total, *limit);
+    } else if (rng_() % 2 == 0) {
+      k = std::uniform_int_distribution<std::size_t>(1, total)(rng_);
+    }
+    const std::size_t start = link.pending.size();
+    const std::size_t stream_offset = link.written;
+    std::size_t left = k;
+    for (std::size_t i = 0; i < n && left > 0; ++i) {
+      const std::size_t m = std::min(left, iov[i].iov_len);
+      const auto* p = static_cast<const std::uint8_t*>(iov[i].iov_base);
+      link.pending.insert(link.pending.end(), p, p + m);
+      left -= m;
+    }
+    if (link.mutate) link.mutate(link.pending.data() + start, stream_offset, k);
+    link.written += k;
+    if (link.record)
+      link.tap.insert(link.tap.end(), link.pending.begin() + static_cast<std::ptrdiff_t>(start), link.pending.end());
+    from.handle_transmitted(k);
+    return k > 0;
+  }
+  bool deliver(Link& link, QueuePairEngine& to) {
+    if (link.read == link.pending.size()) return false;
+    while (link.read < link.pending.size()) {
+      const std::size_t remaining = link.pending.size() - link.read;
+      std::uint8_t* at = link.pending.data() + link.read;
+      if (zero_copy_) {
+        const auto target = to.receive_target();
+        if (!target.empty()) {
+          const std::size_t m =
+              std::min({target.size(), remaining, std::uniform_int_distribution<std::size_t>(1, 65536)(rng_)});
+          std::memcpy(target.data(), at, m);
+          to.handle_placed(m);
+          zero_copy_bytes += m;
+          link.read += m;
+          continue;
+        }
+      }
+      const std::size_t chunk = std::min(
+          remaining, std::uniform_int_distribution<std::size_t>(1, zero_copy_ ? 24 : (rng_() % 4 == 0 ? 16 : 9000))(rng_));
+      const std::size_t used = to.handle_bytes(std::span<const std::uint8_t>(at, chunk));
+      if (used < chunk) {  // the receiver is in ERROR: the rest of the stream is dropped
+        link.read = link.pending.size();
+        break;
+      }
+      link.read += used;
+    }
+    link.pending.clear();
+    link.read = 0;
+    return true;
+  }
+
+  Link ab;  // a -> b
+  Link ba;  // b -> a
+  std::size_t zero_copy_bytes = 0;
+
+ private:
+  Peer& a_;
+  Peer& b_;
+  std::mt19937_64 rng_;
+  bool zero_copy_;
+};
+
+StreamParams initiator_params(bool crc = true) {
+  StreamParams p;
+  p.crc = crc;
+  return p;
+}
+StreamParams responder_params(bool crc = true) {
+  StreamParams p;
+  p.crc = crc;
+  p.responder = true;
+  return p;
+}
+
+void connect(Peer& a, Peer& b, bool crc = true) {
+  a.qp.connect(initiator_params(crc));
+  b.qp.connect(responder_params(crc));
+}
+
+// The segment headers found in a tapped byte stream.
+std::vector<wire::SegmentHeader> decode_stream(const Bytes& bytes, bool crc) {
+  std::vector<wire::SegmentHeader> out;
+  wire::FpduStreamDecoder decoder(crc);
+  std::span<const std::uint8_t> in(bytes);
+  while (!in.empty()) {
+    std::size_t consumed = 0;
+    const auto event = decoder.next(in, consumed);
+    in = in.subspan(consumed);
+    if (event.kind == wire::FpduEvent::Kind::header) out.push_back(event.header);
+    if (event.kind == wire::FpduEvent::Kind::error) break;
+    if (event.kind == wire::FpduEvent::Kind::need_more && consumed == 0) break;
+  }
+  return out;
+}
+
+std::optional<wire::TerminateHeader> find_terminate(const Bytes& bytes, bool crc) {
+  for (const auto& h : decode_stream(bytes, crc))
+    if (h.opcode == wire::RdmapOpcode::terminate) return h.terminate;
+  return std::nullopt;
+}
+
+std::optional<QpEvent> find_event(const std::vector<QpEvent>& events, QpEvent::Kind kind) {
+  for (const auto& e : events)
+    if (e.kind == kind) return e;
+  return std::nullopt;
+}
+
+std::vector<Sge> split(const Mr& mr, std::size_t offset, std::size_t size, std::initializer_list<std::size_t> parts) {
+  std::vector<Sge> sges;
+  std::size_t at = offset;
+  std::size_t left = size;
+  for (std::size_t part : parts) {
+    const std::size_t n = std::min(part, left);
+    sges.push_back(mr.sge(at, n));
+    at += n;
+    left -= n;
+  }
+  if (left > 0 || sges.empty()) sges.push_back(mr.sge(at, left));
+  return sges;
+}
+
+// ---------------------------------------------------------------- data path
+
+void send_recv_sizes(bool crc, std::uint64_t seed) {
+  const std::size_t mulpdu_payload = 1454 - wire::kUntaggedHeaderSize;  // 1436
+  for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, mulpdu_payload - 1, mulpdu_payload,
+                           mulpdu_payload + 1, 2 * mulpdu_payload, std::size_t{1} << 20}) {
+    SCOPED_TRACE(size);
+    Peer a(1), b(2);
+    Mr src = a.reg(size);
+    Mr dst = b.reg(size + 100);
+    fill_pattern(src.bytes(), seed + size);
+    ASSERT_TRUE(b.recv(10, split(dst, 0, size + 100, {size / 3, 7, size / 2})));
+    ASSERT_TRUE(a.send(20, WrOpcode::send, split(src, 0, size, {size / 4, size / 3})));
+    connect(a, b, crc);
+    Pump pump(a, b, seed + size);
+    pump.run();
+    ASSERT_EQ(b.rcq.wcs.size(), 1u);
+    EXPECT_EQ(b.rcq.wcs[0].status, WcStatus::success);
+    EXPECT_EQ(b.rcq.wcs[0].opcode, WcOpcode::recv);
+    EXPECT_EQ(b.rcq.wcs[0].byte_len, size);
+    EXPECT_EQ(b.rcq.wcs[0].qp_num, 2u);
+    EXPECT_EQ(b.rcq.wcs[0].wc_flags, 0u);
+    ASSERT_EQ(a.scq.wcs.size(), 1u);
+    EXPECT_EQ(a.scq.wcs[0].status, WcStatus::success);
+    EXPECT_EQ(a.scq.wcs[0].opcode, WcOpcode::send);
+    EXPECT_EQ(a.scq.wcs[0].byte_len, size);
+    EXPECT_TRUE(has_pattern(dst.bytes().first(size), seed + size));
+    const std::size_t segments = size == 0 ? 1 : (size + mulpdu_payload - 1) / mulpdu_payload;
+    EXPECT_EQ(a.qp.stats().fpdus_sent, segments);
+    EXPECT_EQ(b.qp.stats().fpdus_received, segments);
+    EXPECT_EQ(b.qp.stats().bytes_placed, size);
+    EXPECT_EQ(a.qp.state(), QpState::rts);
+    EXPECT_EQ(b.qp.state(), QpState::rts);
+  }
+}
+
+TEST(QueuePairEngine, SendRecvSizesWithCrc) { send_recv_sizes(true, 11); }
+TEST(QueuePairEngine, SendRecvSizesWithoutCrc) { send_recv_sizes(false, 12); }
+
+TEST(QueuePairEngine, SegmentsAreBoundedByMulpdu) {
+  Peer a(1), b(2);
+  Mr src = a.reg(5000);
+  Mr dst = b.reg(5000);
+  fill_pattern(src.bytes(), 3);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 5000)}));
+  ASSERT_TRUE(a.send(2, WrOpcode::send, {src.sge(0, 5000)}));
+  ASSERT_TRUE(a.send(3, WrOpcode::rdma_write, {src.sge(0, 5000)}, 0, dst.addr, dst.stag));
+  StreamParams p = initiator_params();
+  p.mulpdu = 500;
+  a.qp.connect(p);
+  b.qp.connect(responder_params());
+  Pump pump(a, b, 4);
+  pump.run();
+  const auto headers = decode_stream(pump.ab.tap, true);
+  // Send: 482 bytes per segment (RFC 5041 §5.4 example arithmetic), MSN 1, MO advancing.
+  std::size_t mo = 0, to = 0, sends = 0, writes = 0;
+  for (const auto& h : headers) {
+    if (wire::is_send(h.opcode)) {
+      EXPECT_EQ(h.msn, 1u);
+      EXPECT_EQ(h.message_offset, mo);
+      mo += 482;
+      EXPECT_EQ(h.last, mo >= 5000);
+      ++sends;
+    } else {
+      EXPECT_EQ(h.opcode, wire::RdmapOpcode::rdma_write);
+      EXPECT_EQ(h.stag, dst.stag);
+      EXPECT_EQ(h.tagged_offset, dst.addr + to);
+      to += 486;
+      EXPECT_EQ(h.last, to >= 5000);
+      ++writes;
+    }
+  }
+  EXPECT_EQ(sends, 11u);
+  EXPECT_EQ(writes, 11u);
+  EXPECT_TRUE(has_pattern(dst.bytes(), 3));
+  EXPECT_EQ(a.scq.wcs.size(), 2u);
+}
+
+TEST(QueuePairEngine, SixteenMebibyteSendWithManySges) {
+  constexpr std::size_t kSize = 16u << 20;
+  Peer a(1), b(2);
+  Mr src = a.reg(kSize);
+  Mr dst = b.reg(kSize);
+  fill_pattern(src.bytes(), 99);
+  ASSERT_TRUE(b.recv(1, split(dst, 0, kSize, {kSize / 4, 3, kSize / 2})));
+  ASSERT_TRUE(a.send(2, WrOpcode::send, split(src, 0, kSize, {kSize / 3, kSize / 3 + 1})));
+  connect(a, b);
+  Pump pump(a, b, 5);
+  pump.ab.record = false;
+  pump.run();
+  ASSERT_EQ(b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(b.rcq.wcs[0].byte_len, kSize);
+  EXPECT_TRUE(std::equal(src.data, src.data + kSize, dst.data));
+  ASSERT_EQ(a.scq.wcs.size(), 1u);
+  EXPECT_EQ(a.scq.wcs[0].status, WcStatus::success);
+}
+
+TEST(QueuePairEngine, ManySendsInOrderAndStats) {
+  Peer a(1), b(2);
+  Mr src = a.reg(64 * 1000);
+  Mr dst = b.reg(64 * 1000);
+  for (std::uint64_t i = 0; i < 64; ++i) {
+    fill_pattern(src.bytes().subspan(i * 1000, 1000), i);
+    ASSERT_TRUE(b.recv(100 + i, {dst.sge(i * 1000, 1000)}));
+    ASSERT_TRUE(a.send(200 + i, WrOpcode::send, {src.sge(i * 1000, 1 + i * 15)}));
+  }
+  connect(a, b);
+  Pump pump(a, b, 6);
+  pump.run();
+  ASSERT_EQ(b.rcq.wcs.size(), 64u);
+  ASSERT_EQ(a.scq.wcs.size(), 64u);
+  for (std::uint64_t i = 0; i < 64; ++i) {
+    EXPECT_EQ(b.rcq.wcs[i].wr_id, 100 + i);
+    EXPECT_EQ(b.rcq.wcs[i].byte_len, 1 + i * 15);
+    EXPECT_EQ(a.scq.wcs[i].wr_id, 200 + i);
+    EXPECT_TRUE(has_pattern(dst.bytes().subspan(i * 1000, 1 + i * 15), i));
+  }
+  EXPECT_EQ(a.qp.stats().fpdus_sent, b.qp.stats().fpdus_received);
+  EXPECT_EQ(a.qp.send_queue_size(), 0u);
+  EXPECT_EQ(b.qp.recv_queue_size(), 0u);
+}
+
+TEST(QueuePairEngine, RdmaWrite) {
+  Peer a(1), b(2);
+  Mr src = a.reg(300000);
+  Mr dst = b.reg(400000);
+  fill_pattern(src.bytes(), 8);
+  connect(a, b);
+  ASSERT_TRUE(a.send(1, WrOpcode::rdma_write, split(src, 0, 300000, {1000, 100000}), 0, dst.addr + 50000, dst.stag));
+  ASSERT_TRUE(a.send(2, WrOpcode::rdma_write, {}, 0, 0, 0));  // zero-length: never checked
+  Pump pump(a, b, 9);
+  pump.run();
+  EXPECT_TRUE(has_pattern(dst.bytes().subspan(50000, 300000), 8));
+  EXPECT_TRUE(std::all_of(dst.data, dst.data + 50000, [](std::uint8_t c) { return c == 0; }));
+  ASSERT_EQ(a.scq.wcs.size(), 2u);
+  EXPECT_EQ(a.scq.wcs[0].opcode, WcOpcode::rdma_write);
+  EXPECT_EQ(a.scq.wcs[0].byte_len, 300000u);
+  EXPECT_EQ(a.scq.wcs[1].status, WcStatus::success);
+  EXPECT_TRUE(b.rcq.wcs.empty());  // Writes are not delivered to the sink's ULP
+  EXPECT_EQ(b.qp.state(), QpState::rts);
+}
+
+TEST(QueuePairEngine, RdmaReadIncludingZeroSize) {
+  Peer a(1), b(2);
+  Mr sink = a.reg(200000, kAccessLocalWrite | kAccessRemoteWrite);  // iWARP: the sink is written remotely
+  Mr source = b.reg(250000, kAccessRemoteRead);
+  fill_pattern(source.bytes(), 21);
+  connect(a, b);
+  ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(100, 200000 - 100)}, 0, source.addr + 7, source.stag));
+  ASSERT_TRUE(a.send(2, WrOpcode::rdma_read, {Sge{0, 0, 0}}, 0, 0, 0));
+  Pump pump(a, b, 22);
+  pump.run();
+  ASSERT_EQ(a.scq.wcs.size(), 2u);
+  EXPECT_EQ(a.scq.wcs[0].wr_id, 1u);
+  EXPECT_EQ(a.scq.wcs[0].opcode, WcOpcode::rdma_read);
+  EXPECT_EQ(a.scq.wcs[0].status, WcStatus::success);
+  EXPECT_EQ(a.scq.wcs[0].byte_len, 200000u - 100);
+  EXPECT_EQ(std::memcmp(sink.data + 100, source.data + 7, 200000 - 100), 0);
+  EXPECT_EQ(a.scq.wcs[1].wr_id, 2u);
+  EXPECT_EQ(a.scq.wcs[1].byte_len, 0u);
+  EXPECT_EQ(a.qp.outstanding_reads(), 0u);
+  // Zero-size: a zero-length Read Response (RFC 5040 §4.4), no source check.
+  const auto responses = decode_stream(pump.ba.tap, true);
+  ASSERT_FALSE(responses.empty());
+  EXPECT_EQ(responses.back().opcode, wire::RdmapOpcode::read_response);
+  EXPECT_TRUE(responses.back().last);
+}
+
+TEST(QueuePairEngine, MoreReadsThanOrdWaitAndCompleteInOrder) {
+  Peer a(1), b(2);
+  Mr sink = a.reg(10 * 5000);
+  Mr source = b.reg(10 * 5000);
+  Mr msg = a.reg(100);
+  Mr rbuf = b.reg(100);
+  fill_pattern(source.bytes(), 31);
+  StreamParams pa = initiator_params();
+  pa.ord = 2;
+  StreamParams pb = responder_params();
+  pb.ird = 2;
+  ASSERT_TRUE(b.recv(50, {rbuf.sge(0, 100)}));
+  for (std::uint64_t i = 0; i < 10; ++i) {
+    ASSERT_TRUE(a.send(i, WrOpcode::rdma_read, {sink.sge(i * 5000, 5000)}, 0, source.addr + i * 5000, source.stag));
+    if (i == 4) {
+      ASSERT_TRUE(a.send(99, WrOpcode::send, {msg.sge(0, 100)}));
+    }
+  }
+  a.qp.connect(pa);
+  b.qp.connect(pb);
+  Pump pump(a, b, 32);
+  for (int i = 0; i < 100000 && pump.step(); ++i) ASSERT_LE(a.qp.outstanding_reads(), 2u);
+  ASSERT_EQ(a.scq.wcs.size(), 11u);
+  std::vector<std::uint64_t> order;
+  for (const auto& wc : a.scq.wcs) {
+    EXPECT_EQ(wc.status, WcStatus::success);
+    order.push_back(wc.wr_id);
+  }
+  EXPECT_EQ(order, (std::vector<std::uint64_t>{0, 1, 2, 3, 4, 99, 5, 6, 7, 8, 9}));
+  EXPECT_TRUE(std::equal(source.data, source.data + 50000, sink.data));
+  EXPECT_EQ(b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(b.qp.state(), QpState::rts);
+}
+
+TEST(QueuePairEngine, LaterWriteCompletesBehindEarlierRead) {
+  Peer a(1), b(2);
+  Mr sink = a.reg(1000);
+  Mr source = b.reg(1000);
+  Mr src = a.reg(1000);
+  Mr dst = b.reg(1000);
+  connect(a, b);
+  ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(0, 1000)}, 0, source.addr, source.stag));
+  ASSERT_TRUE(a.send(2, WrOpcode::rdma_write, {src.sge(0, 1000)}, 0, dst.addr, dst.stag));
+  Pump pump(a, b, 1);
+  // Everything of A goes to the socket, but the Read Response has not come back yet.
+  while (pump.move(a.qp, pump.ab)) {
+  }
+  EXPECT_TRUE(a.scq.wcs.empty());  // the Write is done, yet waits behind the Read
+  pump.run();
+  ASSERT_EQ(a.scq.wcs.size(), 2u);
+  EXPECT_EQ(a.scq.wcs[0].wr_id, 1u);
+  EXPECT_EQ(a.scq.wcs[1].wr_id, 2u);
+}
+
+TEST(QueuePairEngine, FenceWaitsForEarlierReads) {
+  Peer a(1), b(2);
+  Mr sink = a.reg(1000);
+  Mr source = b.reg(1000);
+  Mr msg = a.reg(10);
+  Mr rbuf = b.reg(10);
+  connect(a, b);
+  ASSERT_TRUE(b.recv(7, {rbuf.sge(0, 10)}));
+  ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(0, 1000)}, 0, source.addr, source.stag));
+  ASSERT_TRUE(a.send(2, WrOpcode::send, {msg.sge(0, 10)}, kSendFence));
+  Pump pump(a, b, 2);
+  std::array<iovec, 64> iov{};
+  const std::size_t n = a.qp.gather_transmit(iov);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) total += iov[i].iov_len;
+  EXPECT_EQ(total, wire::fpdu_wire_size(wire::kReadRequestUlpduSize));  // only the Read Request
+  pump.run();
+  ASSERT_EQ(a.scq.wcs.size(), 2u);
+  EXPECT_EQ(b.rcq.wcs.size(), 1u);
+  // The Send left only after the Read Response arrived.
+  const auto headers = decode_stream(pump.ab.tap, true);
+  ASSERT_EQ(headers.size(), 2u);
+  EXPECT_EQ(headers[1].opcode, wire::RdmapOpcode::send);
+}
+
+TEST(QueuePairEngine, BidirectionalReadsInterleaveWithSends) {
+  Peer a(1), b(2);
+  Mr a_mem = a.reg(100000);
+  Mr b_mem = b.reg(100000);
+  Mr a_sink = a.reg(100000);
+  Mr b_sink = b.reg(100000);
+  fill_pattern(a_mem.bytes(), 41);
+  fill_pattern(b_mem.bytes(), 42);
+  for (std::uint64_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(a.recv(100 + i, {a_sink.sge(50000 + i * 10000, 10000)}));
+    ASSERT_TRUE(b.recv(200 + i, {b_sink.sge(50000 + i * 10000, 10000)}));
+  }
+  connect(a, b);
+  for (std::uint64_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(a.send(i, WrOpcode::rdma_read, {a_sink.sge(i * 10000, 10000)}, 0, b_mem.addr + i * 10000, b_mem.stag));
+    ASSERT_TRUE(a.send(10 + i, WrOpcode::send, {a_mem.sge(i * 10000, 10000)}));
+    ASSERT_TRUE(b.send(i, WrOpcode::rdma_read, {b_sink.sge(i * 10000, 10000)}, 0, a_mem.addr + i * 10000, a_mem.stag));
+    ASSERT_TRUE(b.send(10 + i, WrOpcode::send, {b_mem.sge(i * 10000, 10000)}));
+  }
+  Pump pump(a, b, 43);
+  pump.run();
+  EXPECT_TRUE(std::equal(b_mem.data, b_mem.data + 50000, a_sink.data));
+  EXPECT_TRUE(std::equal(a_mem.data, a_mem.data + 50000, b_sink.data));
+  EXPECT_TRUE(std::equal(b_mem.data, b_mem.data + 50000, a_sink.data + 50000));
+  EXPECT_TRUE(std::equal(a_mem.data, a_mem.data + 50000, b_sink.data + 50000));
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+  for (const auto& wc : a.scq.wcs) EXPECT_EQ(wc.status, WcStatus::success);
+}
+
+TEST(QueuePairEngine, ZeroCopyReceivePath) {
+  Peer a(1), b(2);
+  Mr src = a.reg(300000);
+  Mr dst = b.reg(300000);
+  Mr wdst = b.reg(300000);
+  Mr sink = a.reg(300000);
+  fill_pattern(src.bytes(), 51);
+  ASSERT_TRUE(b.recv(1, split(dst, 0, 300000, {1000, 0, 150000})));
+  ASSERT_TRUE(a.send(2, WrOpcode::send, split(src, 0, 300000, {5000, 100000})));
+  ASSERT_TRUE(a.send(3, WrOpcode::rdma_write, {src.sge(0, 300000)}, 0, wdst.addr, wdst.stag));
+  ASSERT_TRUE(a.send(4, WrOpcode::rdma_read, {sink.sge(0, 300000)}, 0, wdst.addr, wdst.stag));
+  connect(a, b, /*crc=*/false);
+  Pump pump(a, b, 52, /*zero_copy=*/true);
+  pump.run();
+  EXPECT_TRUE(std::equal(src.data, src.data + 300000, dst.data));
+  EXPECT_TRUE(std::equal(src.data, src.data + 300000, wdst.data));
+  EXPECT_TRUE(std::equal(src.data, src.data + 300000, sink.data));
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+  EXPECT_GT(pump.zero_copy_bytes, 600000u);  // most payload went straight into the buffers
+  EXPECT_EQ(b.qp.stats().bytes_placed + a.qp.stats().bytes_placed, 900000u);
+}
+
+TEST(QueuePairEngine, ReceiveTargetIsEmptyWithCrc) {
+  Peer a(1), b(2);
+  Mr src = a.reg(3000);
+  Mr dst = b.reg(3000);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 3000)}));
+  ASSERT_TRUE(a.send(2, WrOpcode::send, {src.sge(0, 3000)}));
+  connect(a, b, true);
+  Pump pump(a, b, 1);
+  pump.move(a.qp, pump.ab, wire::kUlpduLengthSize + wire::kUntaggedHeaderSize);
+  ASSERT_EQ(b.qp.handle_bytes(pump.ab.pending), pump.ab.pending.size());
+  EXPECT_TRUE(b.qp.receive_target().empty());
+}
+
+TEST(QueuePairEngine, SendWithInvalidate) {
+  Peer a(1), b(2);
+  Mr src = a.reg(100);
+  Mr dst = b.reg(100);
+  Mr exposed = b.reg(4096);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 100)}));
+  ASSERT_TRUE(a.send(2, WrOpcode::send_with_invalidate, {src.sge(0, 100)}, 0, 0, 0, exposed.stag));
+  connect(a, b);
+  Pump pump(a, b, 3);
+  pump.run();
+  ASSERT_EQ(b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(b.rcq.wcs[0].wc_flags, std::uint32_t{kWcWithInvalidate});
+  EXPECT_EQ(b.rcq.wcs[0].invalidated_rkey, exposed.stag);
+  EXPECT_EQ(b.memory.find(exposed.stag), nullptr);
+  // A Write to the invalidated STag is now refused.
+  ASSERT_TRUE(a.send(3, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, exposed.addr, exposed.stag));
+  pump.run();
+  const auto events = b.events();
+  ASSERT_TRUE(find_event(events, QpEvent::Kind::terminate_sent));
+  EXPECT_EQ(find_event(events, QpEvent::Kind::terminate_sent)->code, (TerminateCode{TerminateLayer::ddp, 0x1, 0x00}));
+}
+
+TEST(QueuePairEngine, SendWithInvalidateOfBadStagTerminates) {
+  Peer a(1), b(2);
+  Mr src = a.reg(100);
+  Mr dst = b.reg(100);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 100)}));
+  ASSERT_TRUE(b.recv(2, {dst.sge(0, 100)}));
+  ASSERT_TRUE(a.send(3, WrOpcode::send_with_invalidate, {src.sge(0, 100)}, kSendSolicited, 0, 0, 0x12345678));
+  ASSERT_TRUE(a.send(4, WrOpcode::send, {src.sge(0, 100)}));
+  connect(a, b);
+  Pump pump(a, b, 3);
+  pump.run();
+  const TerminateCode expected{TerminateLayer::rdmap, 0x1, 0x09};
+  auto be = b.events();
+  ASSERT_TRUE(find_event(be, QpEvent::Kind::terminate_sent));
+  EXPECT_EQ(find_event(be, QpEvent::Kind::terminate_sent)->code, expected);
+  auto ae = a.events();
+  ASSERT_TRUE(find_event(ae, QpEvent::Kind::terminate_received));
+  EXPECT_EQ(find_event(ae, QpEvent::Kind::terminate_received)->code, expected);
+  const auto term = find_terminate(pump.ba.tap, true);
+  ASSERT_TRUE(term);
+  EXPECT_EQ(term->ddp_header_length, wire::kUntaggedHeaderSize);
+  EXPECT_FALSE(term->has_rdma_header);
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  EXPECT_EQ(b.qp.state(), QpState::error);
+  EXPECT_EQ(b.rcq.solicited_events, 0);
+  for (const auto& wc : b.rcq.wcs) EXPECT_EQ(wc.status, WcStatus::wr_flush_error);
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+  EXPECT_TRUE(a.qp.transmit_closed());
+  EXPECT_TRUE(b.qp.transmit_closed());
+}
+
+TEST(QueuePairEngine, SolicitedSend) {
+  Peer a(1), b(2);
+  Mr src = a.reg(10);
+  Mr dst = b.reg(20);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 10)}));
+  ASSERT_TRUE(b.recv(2, {dst.sge(10, 10)}));
+  ASSERT_TRUE(a.send(3, WrOpcode::send, {src.sge(0, 10)}));
+  ASSERT_TRUE(a.send(4, WrOpcode::send, {src.sge(0, 10)}, kSendSolicited));
+  connect(a, b);
+  Pump pump(a, b, 3);
+  pump.run();
+  ASSERT_EQ(b.rcq.wcs.size(), 2u);
+  EXPECT_EQ(b.rcq.wcs[0].wc_flags, 0u);
+  EXPECT_EQ(b.rcq.wcs[1].wc_flags, std::uint32_t{kWcSolicited});
+  EXPECT_EQ(b.rcq.solicited_events, 1);
+  const auto headers = decode_stream(pump.ab.tap, true);
+  ASSERT_EQ(headers.size(), 2u);
+  EXPECT_EQ(headers[1].opcode, wire::RdmapOpcode::send_solicited);
+}
+
+TEST(QueuePairEngine, InlineSendCopiesAtPostTime) {
+  Peer a(1), b(2);
+  std::array<std::uint8_t, 200> local{};  // not registered at all: inline ignores lkeys
+  fill_pattern(local, 61);
+  Mr dst = b.reg(200);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 200)}));
+  const auto addr = reinterpret_cast<std::uintptr_t>(local.data());
+  ASSERT_TRUE(a.send(2, WrOpcode::send, {Sge{addr, 50, 0}, Sge{addr + 50, 150, 0xdead}}, kSendInline));
+  local.fill(0xEE);  // the application may reuse the buffer at once
+  std::vector<Sge> too_big{Sge{addr, 257, 0}};
+  SendWr wr;
+  wr.flags = kSendInline;
+  wr.sg_list = too_big;
+  EXPECT_EQ(a.qp.post_send(wr).error(), std::errc::invalid_argument);
+  connect(a, b);
+  Pump pump(a, b, 3);
+  pump.run();
+  ASSERT_EQ(b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(b.rcq.wcs[0].byte_len, 200u);
+  EXPECT_TRUE(has_pattern(dst.bytes(), 61));
+}
+
+TEST(QueuePairEngine, UnsignaledWrsCountForOrderingOnly) {
+  Peer a(1, QpCaps{}, /*signal_all=*/false), b(2);
+  Mr src = a.reg(100);
+  Mr dst = b.reg(300);
+  Mr sink = a.reg(100);
+  for (std::uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(b.recv(i, {dst.sge(i * 100, 100)}));
+  ASSERT_TRUE(a.send(10, WrOpcode::send, {src.sge(0, 100)}));
+  ASSERT_TRUE(a.send(11, WrOpcode::send, {src.sge(0, 100)}, kSendSignaled));
+  ASSERT_TRUE(a.send(12, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, dst.addr, dst.stag));
+  ASSERT_TRUE(a.send(13, WrOpcode::rdma_read, {sink.sge(0, 100)}, kSendSignaled, dst.addr, dst.stag));
+  ASSERT_TRUE(a.send(14, WrOpcode::send, {src.sge(0, 100)}));
+  connect(a, b);
+  Pump pump(a, b, 3);
+  pump.run();
+  ASSERT_EQ(a.scq.wcs.size(), 2u);
+  EXPECT_EQ(a.scq.wcs[0].wr_id, 11u);
+  EXPECT_EQ(a.scq.wcs[1].wr_id, 13u);
+  EXPECT_EQ(a.qp.send_queue_size(), 0u);
+  EXPECT_EQ(b.rcq.wcs.size(), 3u);
+}
+
+// ---------------------------------------------------------------- posting rules
+
+TEST(QueuePairEngine, PostValidation) {
+  QpCaps caps;
+  caps.max_send_wr = 3;
+  caps.max_recv_wr = 2;
+  caps.max_send_sge = 2;
+  caps.max_recv_sge = 1;
+  Peer a(1, caps);
+  Mr mr = a.reg(100);
+  EXPECT_EQ(a.send(1, WrOpcode::send, {mr.sge(0, 1), mr.sge(1, 1), mr.sge(2, 1)}).error(), std::errc::invalid_argument);
+  EXPECT_EQ(a.send(1, WrOpcode::rdma_read, {mr.sge(0, 1), mr.sge(1, 1)}).error(), std::errc::invalid_argument);
+  EXPECT_EQ(a.send(1, WrOpcode::rdma_read, {}).error(), std::errc::invalid_argument);
+  EXPECT_EQ(a.recv(1, {mr.sge(0, 1), mr.sge(1, 1)}).error(), std::errc::invalid_argument);
+  for (std::uint64_t i = 0; i < 3; ++i) EXPECT_TRUE(a.send(i, WrOpcode::send, {mr.sge(0, 10)}));
+  EXPECT_EQ(a.send(9, WrOpcode::send, {mr.sge(0, 10)}).error(), std::errc::not_enough_memory);
+  for (std::uint64_t i = 0; i < 2; ++i) EXPECT_TRUE(a.recv(i, {mr.sge(0, 10)}));
+  EXPECT_EQ(a.recv(9, {mr.sge(0, 10)}).error(), std::errc::not_enough_memory);
+  // Nothing leaves before connect().
+  EXPECT_EQ(a.qp.state(), QpState::init);
+  EXPECT_FALSE(a.qp.has_transmit());
+  std::array<iovec, 8> iov{};
+  EXPECT_EQ(a.qp.gather_transmit(iov), 0u);
+  EXPECT_TRUE(a.scq.wcs.empty());
+}
+
+TEST(QueuePairEngine, BadLkeyCompletesWithLocalProtectionErrorAndFlushes) {
+  Peer a(1), b(2);
+  Mr src = a.reg(100);
+  Mr readonly = a.reg(100, 0);  // no local write: not a Read sink, not a receive buffer
+  Mr dst = b.reg(100);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 100)}));
+  connect(a, b);
+  ASSERT_TRUE(a.send(10, WrOpcode::send, {src.sge(0, 100)}));
+  ASSERT_TRUE(a.send(11, WrOpcode::send, {Sge{src.addr, 100, src.stag ^ 0x1}}));
+  ASSERT_TRUE(a.send(12, WrOpcode::send, {src.sge(0, 100)}));
+  ASSERT_EQ(a.scq.wcs.size(), 3u);
+  EXPECT_EQ(a.scq.wcs[0].status, WcStatus::wr_flush_error);
+  EXPECT_EQ(a.scq.wcs[1].status, WcStatus::local_protection_error);
+  EXPECT_EQ(a.scq.wcs[2].status, WcStatus::wr_flush_error);
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  ASSERT_TRUE(a.recv(13, {readonly.sge(0, 100)}));  // in ERROR: flushed
+  EXPECT_EQ(a.rcq.wcs.back().status, WcStatus::wr_flush_error);
+  Pump pump(a, b, 1);
+  pump.run();
+  EXPECT_EQ(b.qp.state(), QpState::error);
+  auto be = b.events();
+  ASSERT_TRUE(find_event(be, QpEvent::Kind::terminate_received));
+  EXPECT_EQ(find_event(be, QpEvent::Kind::terminate_received)->code, (TerminateCode{TerminateLayer::rdmap, 0, 0}));
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+
+  Peer c(3);
+  Mr ro = c.reg(100, 0);
+  ASSERT_TRUE(c.recv(1, {ro.sge(0, 100)}));
+  ASSERT_EQ(c.rcq.wcs.size(), 1u);
+  EXPECT_EQ(c.rcq.wcs[0].status, WcStatus::local_protection_error);
+  EXPECT_EQ(c.qp.state(), QpState::error);
+  Mr ro_sink = c.reg(100, 0);
+  ASSERT_TRUE(c.send(2, WrOpcode::rdma_read, {ro_sink.sge(0, 100)}, 0, 0, 0));
+  EXPECT_EQ(c.scq.wcs.back().status, WcStatus::wr_flush_error);
+}
+
+// ---------------------------------------------------------------- sink errors
+
+struct TerminateCase {
+  const char* name;
+  std::function<void(Peer& a, Peer& b)> post;  // posts on `a` what `b` must refuse
+  TerminateCode code;
+  std::uint8_t ddp_header_length;
+  bool rdma_header;
+};
+
+void run_terminate_case(const TerminateCase& tc, bool crc) {
+  SCOPED_TRACE(tc.name);
+  Peer a(1), b(2);
+  Mr a_rbuf = a.reg(64);
+  ASSERT_TRUE(a.recv(1000, {a_rbuf.sge(0, 64)}));
+  connect(a, b, crc);
+  tc.post(a, b);
+  Pump pump(a, b, 77);
+  pump.run();
+  auto be = b.events();
+  auto ae = a.events();
+  const auto sent = find_event(be, QpEvent::Kind::terminate_sent);
+  ASSERT_TRUE(sent);
+  EXPECT_EQ(sent->code, tc.code);
+  const auto received = find_event(ae, QpEvent::Kind::terminate_received);
+  ASSERT_TRUE(received);
+  EXPECT_EQ(received->code, tc.code);
+  const auto term = find_terminate(pump.ba.tap, crc);
+  ASSERT_TRUE(term);
+  EXPECT_EQ(term->code, tc.code);
+  EXPECT_EQ(term->ddp_header_length, tc.ddp_header_length);
+  EXPECT_EQ(term->segment_length_valid, tc.ddp_header_length != 0);
+  EXPECT_EQ(term->has_rdma_header, tc.rdma_header);
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  EXPECT_EQ(b.qp.state(), QpState::error);
+  EXPECT_TRUE(a.qp.transmit_closed());
+  EXPECT_TRUE(b.qp.transmit_closed());
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+  // The Terminate is the last thing B sent.
+  const auto headers = decode_stream(pump.ba.tap, crc);
+  ASSERT_FALSE(headers.empty());
+  EXPECT_EQ(headers.back().opcode, wire::RdmapOpcode::terminate);
+  EXPECT_EQ(headers.back().queue_number, wire::kQueueTerminate);
+  EXPECT_EQ(headers.back().msn, 1u);
+}
+
+std::vector<TerminateCase> terminate_cases() {
+  using L = TerminateLayer;
+  return {
+      {"write to invalid STag",
+       [](Peer& a, Peer& b) {
+         Mr src = a.reg(100);
+         Mr dst = b.reg(100);
+         ASSERT_TRUE(a.send(1, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, dst.addr, 0x00FFFF00));
+       },
+       {L::ddp, 0x1, 0x00}, 14, false},
+      {"write with wrong key",
+       [](Peer& a, Peer& b) {
+         Mr src = a.reg(100);
+         Mr dst = b.reg(100);
+         ASSERT_TRUE(a.send(1, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, dst.addr, dst.stag ^ 0x5A));
+       },
+       {L::ddp, 0x1, 0x00}, 14, false},
+      {"write out of bounds",
+       [](Peer& a, Peer& b) {
+         Mr src = a.reg(100);
+         Mr dst = b.reg(100);
+         ASSERT_TRUE(a.send(1, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, dst.addr + 1, dst.stag));
+       },
+       {L::ddp, 0x1, 0x01}, 14, false},
+      {"write without remote-write right",
+       [](Peer& a, Peer& b) {
+         Mr src = a.reg(100);
+         Mr dst = b.reg(100, kAccessLocalWrite | kAccessRemoteRead);
+         ASSERT_TRUE(a.send(1, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, dst.addr, dst.stag));
+       },
+       {L::rdmap, 0x1, 0x02}, 14, false},
+      {"write to another PD",
+       [](Peer& a, Peer& b) {
+         Mr src = a.reg(100);
+         Mr dst = b.reg(100, kAllAccess, 99);
+         ASSERT_TRUE(a.send(1, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, dst.addr, dst.stag));
+       },
+       {L::ddp, 0x1, 0x02}, 14, false},
+      {"read without remote-read right",
+       [](Peer& a, Peer& b) {
+         Mr sink = a.reg(100);
+         Mr source = b.reg(100, kAccessLocalWrite | kAccessRemoteWrite);
+         ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, source.addr, source.stag));
+       },
+       {L::rdmap, 0x1, 0x02}, 18, true},
+      {"read of invalid STag",
+       [](Peer& a, Peer& b) {
+         Mr sink = a.reg(100);
+         Mr source = b.reg(100);
+         ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, source.addr, source.stag + 0x100));
+       },
+       {L::rdmap, 0x1, 0x00}, 18, true},
+      {"read out of bounds",
+       [](Peer& a, Peer& b) {
+         Mr sink = a.reg(100);
+         Mr source = b.reg(100);
+         ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, source.addr + 50, source.stag));
+       },
+       {L::rdmap, 0x1, 0x01}, 18, true},
+      {"read from another PD",
+       [](Peer& a, Peer& b) {
+         Mr sink = a.reg(100);
+         Mr source = b.reg(100, kAllAccess, 99);
+         ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, source.addr, source.stag));
+       },
+       {L::rdmap, 0x1, 0x03}, 18, true},
+      {"send without posted receive",
+       [](Peer& a, Peer&) {
+         Mr src = a.reg(100);
+         ASSERT_TRUE(a.send(1, WrOpcode::send, {src.sge(0, 100)}));
+       },
+       {L::ddp, 0x2, 0x02}, 18, false},
+      {"send too long for the receive",
+       [](Peer& a, Peer& b) {
+         Mr src = a.reg(5000);
+         Mr dst = b.reg(5000);
+         fill_pattern(dst.bytes(), 0);
+         ASSERT_TRUE(b.recv(1, {dst.sge(0, 2000), dst.sge(3000, 1000)}));
+         ASSERT_TRUE(b.recv(2, {dst.sge(0, 5000)}));
+         ASSERT_TRUE(a.send(1, WrOpcode::send, {src.sge(0, 5000)}));
+       },
+       {L::ddp, 0x2, 0x05}, 18, false},
+      {"read response into a sink without remote-write right",
+       [](Peer& a, Peer& b) {
+         // Terminated by the requester (b here), which owns the sink. A speaks first to lift
+         // the responder fence of b.
+         ASSERT_TRUE(a.send(2, WrOpcode::rdma_write, {}));
+         Mr sink = b.reg(100, kAccessLocalWrite);
+         Mr source = a.reg(100);
+         ASSERT_TRUE(b.send(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, source.addr, source.stag));
+       },
+       {L::rdmap, 0x1, 0x02}, 14, false},
+  };
+}
+
+TEST(QueuePairEngine, TerminatesForSinkErrorsWithCrc) {
+  for (const auto& tc : terminate_cases()) run_terminate_case(tc, true);
+}
+
+TEST(QueuePairEngine, TerminatesForSinkErrorsWithoutCrc) {
+  for (const auto& tc : terminate_cases()) run_terminate_case(tc, false);
+}
+
+TEST(QueuePairEngine, TerminateCopiesTheReadRequestHeader) {
+  Peer a(1), b(2);
+  Mr sink = a.reg(100);
+  Mr source = b.reg(100, kAccessLocalWrite);
+  connect(a, b);
+  ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, source.addr, source.stag));
+  Pump pump(a, b, 1);
+  pump.run();
+  const auto term = find_terminate(pump.ba.tap, true);
+  ASSERT_TRUE(term);
+  EXPECT_EQ(term->ddp_segment_length, wire::kReadRequestUlpduSize);
+  // The copied DDP header: untagged, L, QN 1, MSN 1, MO 0.
+  EXPECT_EQ(term->ddp_header[0], 0x41);
+  EXPECT_EQ(term->ddp_header[1], 0x41);
+  EXPECT_EQ(term->ddp_header[9], 1);   // QN 1
+  EXPECT_EQ(term->ddp_header[13], 1);  // MSN 1
+  // The copied Read Request: sink STag/TO, size, source STag/TO.
+  const auto requests = decode_stream(pump.ab.tap, true);
+  ASSERT_EQ(requests.size(), 1u);
+  std::array<std::uint8_t, wire::kReadRequestHeaderSize> expected{};
+  const auto& r = requests[0].read_request;
+  EXPECT_EQ(r.sink_stag, sink.stag);
+  EXPECT_EQ(r.sink_offset, sink.addr);
+  EXPECT_EQ(r.size, 100u);
+  EXPECT_EQ(r.source_stag, source.stag);
+  EXPECT_EQ(r.source_offset, source.addr);
+  std::size_t i = 0;
+  auto put = [&](std::uint64_t v, int bytes) {
+    for (int k = bytes - 1; k >= 0; --k) expected[i++] = static_cast<std::uint8_t>(v >> (8 * k));
+  };
+  put(r.sink_stag, 4);
+  put(r.sink_offset, 8);
+  put(r.size, 4);
+  put(r.source_stag, 4);
+  put(r.source_offset, 8);
+  EXPECT_EQ(term->rdma_header, expected);
+  EXPECT_EQ(a.scq.wcs.size(), 1u);
+  EXPECT_EQ(a.scq.wcs[0].status, WcStatus::wr_flush_error);
+}
+
+TEST(QueuePairEngine, InboundReadsBeyondIrdTerminate) {
+  Peer a(1), b(2);
+  Mr sink = a.reg(200);
+  Mr source = b.reg(200);
+  StreamParams pa = initiator_params();
+  pa.ord = 4;  // more than the peer's IRD: a broken negotiation
+  StreamParams pb = responder_params();
+  pb.ird = 1;
+  a.qp.connect(pa);
+  b.qp.connect(pb);
+  ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, source.addr, source.stag));
+  ASSERT_TRUE(a.send(2, WrOpcode::rdma_read, {sink.sge(100, 100)}, 0, source.addr, source.stag));
+  Pump pump(a, b, 1);
+  pump.move(a.qp, pump.ab, std::numeric_limits<std::size_t>::max());  // both requests in one write
+  pump.run();
+  auto be = b.events();
+  ASSERT_TRUE(find_event(be, QpEvent::Kind::terminate_sent));
+  EXPECT_EQ(find_event(be, QpEvent::Kind::terminate_sent)->code, (TerminateCode{TerminateLayer::ddp, 0x2, 0x02}));
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  a.expect_all_completed_once();
+}
+
+TEST(QueuePairEngine, BadCrcTerminatesAndPlacesNothing) {
+  Peer a(1), b(2);
+  Mr src = a.reg(3000);
+  Mr dst = b.reg(3000);
+  fill_pattern(src.bytes(), 5);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 3000)}));
+  ASSERT_TRUE(a.send(2, WrOpcode::send, {src.sge(0, 3000)}));
+  connect(a, b);
+  Pump pump(a, b, 1);
+  pump.ab.mutate = [](std::uint8_t* data, std::size_t offset, std::size_t n) {
+    if (offset <= 40 && 40 < offset + n) data[40 - offset] ^= 0x10;  // a payload byte of the first FPDU
+  };
+  pump.run();
+  auto be = b.events();
+  ASSERT_TRUE(find_event(be, QpEvent::Kind::terminate_sent));
+  EXPECT_EQ(find_event(be, QpEvent::Kind::terminate_sent)->code, (TerminateCode{TerminateLayer::llp, 0x0, 0x02}));
+  const auto term = find_terminate(pump.ba.tap, true);
+  ASSERT_TRUE(term);
+  EXPECT_EQ(term->ddp_header_length, 0);
+  EXPECT_FALSE(term->segment_length_valid);
+  EXPECT_FALSE(term->has_rdma_header);
+  EXPECT_EQ(b.qp.stats().bytes_placed, 0u);
+  EXPECT_TRUE(std::all_of(dst.data, dst.data + 3000, [](std::uint8_t c) { return c == 0; }));
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  EXPECT_EQ(b.qp.state(), QpState::error);
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+}
+
+TEST(QueuePairEngine, GarbageAfterHandshakeTerminates) {
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    SCOPED_TRACE(seed);
+    Peer a(1), b(2);
+    Mr dst = b.reg(100);
+    ASSERT_TRUE(b.recv(1, {dst.sge(0, 100)}));
+    connect(a, b);
+    std::mt19937_64 rng(seed);
+    Bytes garbage(64);
+    for (auto& c : garbage) c = static_cast<std::uint8_t>(rng());
+    garbage[0] = 0;  // a short ULPDU_Length, so the decoder judges the header at once
+    garbage[1] = 40;
+    garbage[2] = static_cast<std::uint8_t>(garbage[2] & ~0x03);  // DDP version 0
+    EXPECT_LT(b.qp.handle_bytes(garbage), garbage.size());
+    Pump pump(a, b, seed);
+    pump.run();
+    auto be = b.events();
+    const auto sent = find_event(be, QpEvent::Kind::terminate_sent);
+    ASSERT_TRUE(sent);
+    EXPECT_EQ(sent->code.layer, TerminateLayer::ddp);
+    EXPECT_EQ(sent->code.error_code, (garbage[2] & 0x80) ? 0x04 : 0x06);
+    EXPECT_TRUE(find_event(a.events(), QpEvent::Kind::terminate_received));
+    EXPECT_EQ(a.qp.state(), QpState::error);
+    EXPECT_EQ(b.qp.state(), QpState::error);
+    b.expect_all_completed_once();
+  }
+}
+
+TEST(QueuePairEngine, DecodeErrorsMapToTerminateCodes) {
+  struct Case {
+    Bytes bytes;
+    TerminateCode code;
+  };
+  using L = TerminateLayer;
+  const std::vector<Case> cases = {
+      // RDMAP version 0 (RDMAC legacy) on a Send.
+      {{0x00, 0x12, 0x41, 0x03}, {L::rdmap, 0x2, 0x05}},
+      // Opcode 0xC is reserved.
+      {{0x00, 0x12, 0x41, 0x4C}, {L::rdmap, 0x2, 0x06}},
+      // Untagged DDP version 2.
+      {{0x00, 0x12, 0x42, 0x43}, {L::ddp, 0x2, 0x06}},
+      // Tagged DDP version 0.
+      {{0x00, 0x0e, 0xC0, 0x40}, {L::ddp, 0x1, 0x04}},
+      // Send on QN 5.
+      {{0x00, 0x12, 0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 1, 0, 0, 0, 0}, {L::ddp, 0x2, 0x01}},
+  };
+  for (const auto& c : cases) {
+    Peer a(1), b(2);
+    connect(a, b, false);
+    EXPECT_LT(b.qp.handle_bytes(c.bytes), c.bytes.size() + 1);
+    auto be = b.events();
+    const auto sent = find_event(be, QpEvent::Kind::terminate_sent);
+    ASSERT_TRUE(sent);
+    EXPECT_EQ(sent->code, c.code);
+    EXPECT_EQ(b.qp.state(), QpState::error);
+    // Later bytes are dropped.
+    EXPECT_EQ(b.qp.handle_bytes(c.bytes), 0u);
+  }
+}
+
+TEST(QueuePairEngine, TerminateWaitsForTheFpduOnTheWire) {
+  Peer a(1), b(2);
+  Mr src = a.reg(10000);
+  Mr dst = b.reg(10000);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 10000)}));
+  connect(a, b);
+  ASSERT_TRUE(a.send(2, WrOpcode::send, {src.sge(0, 10000)}));
+  Pump pump(a, b, 1);
+  pump.move(a.qp, pump.ab, 100);  // 100 bytes of the first FPDU are out
+  a.qp.terminate(TerminateCode{TerminateLayer::llp, 0x0, 0x05});
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  EXPECT_FALSE(a.qp.transmit_closed());
+  ASSERT_EQ(a.scq.wcs.size(), 1u);
+  EXPECT_EQ(a.scq.wcs[0].status, WcStatus::wr_flush_error);
+  src.bytes()[500] ^= 0xFF;  // the application owns the buffer again; the wire copy is private
+  while (pump.move(a.qp, pump.ab, 7)) {
+  }
+  EXPECT_TRUE(a.qp.transmit_closed());
+  const auto headers = decode_stream(pump.ab.tap, true);
+  ASSERT_EQ(headers.size(), 2u);  // the whole first FPDU, then the Terminate
+  EXPECT_EQ(headers[0].opcode, wire::RdmapOpcode::send);
+  EXPECT_EQ(headers[1].opcode, wire::RdmapOpcode::terminate);
+  EXPECT_EQ(pump.ab.tap.size(), wire::fpdu_wire_size(1454) + wire::fpdu_wire_size(wire::kUntaggedHeaderSize + 4));
+  pump.run();
+  EXPECT_EQ(b.qp.state(), QpState::error);
+  EXPECT_EQ(b.qp.stats().fpdus_received, 2u);  // the CRC of the first FPDU checked out
+  b.expect_all_completed_once();
+}
+
+TEST(QueuePairEngine, PayloadIsSentFromRegisteredMemoryAndFramingIsBounded) {
+  constexpr std::size_t kSize = 4u << 20;
+  Peer a(1), b(2);
+  Mr src = a.reg(kSize);
+  Mr dst = b.reg(kSize);
+  connect(a, b, true);
+  ASSERT_TRUE(a.send(1, WrOpcode::rdma_write, {src.sge(0, kSize)}, 0, dst.addr, dst.stag));
+  std::vector<iovec> iov(4096);
+  const std::size_t n = a.qp.gather_transmit(iov);
+  std::size_t total = 0, from_memory = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    total += iov[i].iov_len;
+    const auto* p = static_cast<const std::uint8_t*>(iov[i].iov_base);
+    if (p >= src.data && p < src.data + kSize) from_memory += iov[i].iov_len;
+  }
+  EXPECT_LE(total, std::size_t{256 * 1024 + 65536});  // a bounded window, not 4 MiB
+  EXPECT_GT(from_memory, total * 9 / 10);              // the payload iovecs are the MR itself
+  EXPECT_EQ(n % 3, 0u);                                 // prefix, payload, trailer per FPDU
+}
+
+TEST(QueuePairEngine, SendCqOverrunMovesTheQpToError) {
+  Peer a(1), b(2);
+  Mr src = a.reg(30);
+  Mr dst = b.reg(30);
+  a.scq.capacity = 1;
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(b.recv(i, {dst.sge(i * 10, 10)}));
+    ASSERT_TRUE(a.send(10 + i, WrOpcode::send, {src.sge(i * 10, 10)}));
+  }
+  connect(a, b);
+  Pump pump(a, b, 1);
+  pump.run();
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  auto ae = a.events();
+  ASSERT_TRUE(find_event(ae, QpEvent::Kind::terminate_sent));
+  EXPECT_EQ(find_event(ae, QpEvent::Kind::terminate_sent)->code, (TerminateCode{TerminateLayer::rdmap, 0, 0}));
+  EXPECT_EQ(b.qp.state(), QpState::error);
+  EXPECT_EQ(a.scq.wcs.size(), 1u);
+  b.expect_all_completed_once();
+}
+
+TEST(QueuePairEngine, ErrorBeforeConnectSendsItsTerminateOnConnect) {
+  Peer a(1), b(2);
+  Mr src = a.reg(100);
+  ASSERT_TRUE(a.send(1, WrOpcode::send, {Sge{src.addr, 100, 0x4242}}));  // bad lkey in INIT
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  ASSERT_EQ(a.scq.wcs.size(), 1u);
+  EXPECT_EQ(a.scq.wcs[0].status, WcStatus::local_protection_error);
+  EXPECT_FALSE(a.qp.transmit_closed());  // the Terminate waits for the stream
+  connect(a, b);
+  Pump pump(a, b, 1);
+  pump.run();
+  EXPECT_TRUE(a.qp.transmit_closed());
+  EXPECT_EQ(b.qp.state(), QpState::error);
+  EXPECT_TRUE(find_event(b.events(), QpEvent::Kind::terminate_received));
+}
+
+// ---------------------------------------------------------------- teardown
+
+TEST(QueuePairEngine, DisconnectFinishesTheFpduInProgress) {
+  Peer a(1), b(2);
+  Mr src = a.reg(10000);
+  Mr dst = b.reg(10000);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 10000)}));
+  ASSERT_TRUE(a.recv(3, {src.sge(0, 10)}));
+  connect(a, b);
+  ASSERT_TRUE(a.send(2, WrOpcode::send, {src.sge(0, 10000)}));
+  Pump pump(a, b, 1);
+  pump.move(a.qp, pump.ab, 100);
+  a.qp.disconnect();
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  EXPECT_FALSE(a.qp.transmit_closed());
+  EXPECT_TRUE(a.qp.has_transmit());
+  while (pump.move(a.qp, pump.ab)) {
+  }
+  EXPECT_TRUE(a.qp.transmit_closed());
+  EXPECT_EQ(pump.ab.tap.size(), wire::fpdu_wire_size(1454));
+  EXPECT_TRUE(a.events().empty());
+  a.expect_all_completed_once();
+  pump.run();
+  EXPECT_EQ(b.qp.state(), QpState::rts);  // a whole FPDU arrived, nothing broken
+  EXPECT_EQ(b.qp.stats().bytes_placed, 1436u);
+  b.qp.handle_peer_closed();
+  const auto be = b.events();
+  ASSERT_EQ(be.size(), 1u);
+  EXPECT_EQ(be[0].kind, QpEvent::Kind::peer_closed);
+  EXPECT_EQ(b.qp.state(), QpState::error);
+  EXPECT_TRUE(b.qp.transmit_closed());
+  b.expect_all_completed_once();
+  EXPECT_EQ(b.rcq.wcs[0].status, WcStatus::wr_flush_error);
+}
+
+TEST(QueuePairEngine, ConnectionLostFlushesEverything) {
+  Peer a(1), b(2);
+  Mr src = a.reg(100000);
+  Mr sink = a.reg(100);
+  connect(a, b);
+  ASSERT_TRUE(a.recv(1, {src.sge(0, 10)}));
+  ASSERT_TRUE(a.send(2, WrOpcode::send, {src.sge(0, 100000)}));
+  ASSERT_TRUE(a.send(3, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, 0x1000, 0x100));
+  Pump pump(a, b, 1);
+  pump.move(a.qp, pump.ab, 3000);
+  a.qp.handle_connection_lost();
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  EXPECT_TRUE(a.qp.transmit_closed());
+  EXPECT_FALSE(a.qp.has_transmit());
+  const auto ae = a.events();
+  ASSERT_EQ(ae.size(), 1u);
+  EXPECT_EQ(ae[0].kind, QpEvent::Kind::connection_lost);
+  a.expect_all_completed_once();
+  for (const auto& wc : a.scq.wcs) EXPECT_EQ(wc.status, WcStatus::wr_flush_error);
+  // Posting in ERROR completes at once with a flush error.
+  ASSERT_TRUE(a.send(4, WrOpcode::rdma_write, {src.sge(0, 10)}));
+  ASSERT_TRUE(a.recv(5, {src.sge(0, 10)}));
+  a.expect_all_completed_once();
+  EXPECT_EQ(a.scq.wcs.back().opcode, WcOpcode::rdma_write);
+  EXPECT_EQ(a.scq.wcs.back().status, WcStatus::wr_flush_error);
+  a.qp.handle_connection_lost();  // idempotent
+  EXPECT_TRUE(a.events().empty());
+}
+
+TEST(QueuePairEngine, DisconnectBeforeConnect) {
+  Peer a(1);
+  Mr src = a.reg(10);
+  ASSERT_TRUE(a.send(1, WrOpcode::send, {src.sge(0, 10)}));
+  a.qp.disconnect();
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  EXPECT_TRUE(a.qp.transmit_closed());
+  a.expect_all_completed_once();
+}
+
+TEST(QueuePairEngine, CqOverrunMovesTheQpToError) {
+  Peer a(1), b(2);
+  Mr src = a.reg(30);
+  Mr dst = b.reg(30);
+  b.rcq.capacity = 1;
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(b.recv(i, {dst.sge(i * 10, 10)}));
+    ASSERT_TRUE(a.send(10 + i, WrOpcode::send, {src.sge(i * 10, 10)}));
+  }
+  connect(a, b);
+  Pump pump(a, b, 1);
+  pump.run();
+  EXPECT_EQ(b.qp.state(), QpState::error);
+  auto be = b.events();
+  ASSERT_TRUE(find_event(be, QpEvent::Kind::terminate_sent));
+  EXPECT_EQ(find_event(be, QpEvent::Kind::terminate_sent)->code, (TerminateCode{TerminateLayer::rdmap, 0, 0}));
+  EXPECT_TRUE(find_event(a.events(), QpEvent::Kind::terminate_received));
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  EXPECT_EQ(b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(b.qp.recv_queue_size(), 0u);
+  a.expect_all_completed_once();
+}
+
+// ---------------------------------------------------------------- RTR and the responder fence
+
+TEST(QueuePairEngine, ResponderHoldsItsSendsUntilTheFirstInboundFpdu) {
+  Peer a(1), b(2);
+  Mr a_buf = a.reg(100);
+  Mr b_buf = b.reg(100);
+  ASSERT_TRUE(a.recv(1, {a_buf.sge(0, 100)}));
+  ASSERT_TRUE(b.send(2, WrOpcode::send, {b_buf.sge(0, 100)}));  // posted before connect
+  connect(a, b);
+  Pump pump(a, b, 1);
+  pump.run();
+  EXPECT_FALSE(b.qp.has_transmit());
+  EXPECT_TRUE(pump.ba.tap.empty());
+  EXPECT_TRUE(a.rcq.wcs.empty());
+  EXPECT_TRUE(b.scq.wcs.empty());  // waiting, not lost
+  ASSERT_TRUE(b.recv(3, {b_buf.sge(0, 100)}));
+  ASSERT_TRUE(a.send(4, WrOpcode::send, {a_buf.sge(0, 100)}));
+  pump.run();
+  EXPECT_EQ(a.rcq.wcs.size(), 1u);
+  EXPECT_EQ(b.scq.wcs.size(), 1u);
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+}
+
+void run_rtr(RtrType type, bool crc) {
+  SCOPED_TRACE(static_cast<int>(type));
+  Peer a(1), b(2);
+  Mr a_buf = a.reg(100);
+  Mr b_buf = b.reg(200);
+  fill_pattern(b_buf.bytes(), 4);
+  ASSERT_TRUE(a.recv(1, {a_buf.sge(0, 100)}));
+  ASSERT_TRUE(b.recv(2, {b_buf.sge(100, 100)}));
+  ASSERT_TRUE(b.send(3, WrOpcode::send, {b_buf.sge(0, 100)}));  // the passive side speaks first
+  StreamParams pa = initiator_params(crc);
+  pa.send_rtr = type;
+  StreamParams pb = responder_params(crc);
+  pb.expect_rtr = type;
+  a.qp.connect(pa);
+  b.qp.connect(pb);
+  EXPECT_FALSE(b.qp.has_transmit());
+  EXPECT_TRUE(a.qp.has_transmit());
+  Pump pump(a, b, 5);
+  pump.run();
+  // The RTR was A's first FPDU and produced no completion anywhere.
+  const auto headers = decode_stream(pump.ab.tap, crc);
+  ASSERT_EQ(headers.size(), 1u);
+  const auto& rtr = headers[0];
+  switch (type) {
+    case RtrType::write:
+      EXPECT_EQ(rtr.opcode, wire::RdmapOpcode::rdma_write);
+      EXPECT_EQ(rtr.stag, 1u);
+      EXPECT_EQ(rtr.tagged_offset, 0u);
+      EXPECT_TRUE(rtr.last);
+      break;
+    case RtrType::read: {
+      EXPECT_EQ(rtr.opcode, wire::RdmapOpcode::read_request);
+      EXPECT_EQ(rtr.msn, 1u);
+      EXPECT_EQ(rtr.read_request.size, 0u);
+      EXPECT_EQ(rtr.read_request.sink_stag, 0u);
+      EXPECT_EQ(rtr.read_request.source_stag, 1u);
+      const auto back = decode_stream(pump.ba.tap, crc);
+      ASSERT_FALSE(back.empty());
+      EXPECT_EQ(back[0].opcode, wire::RdmapOpcode::read_response);  // the zero-length answer
+      EXPECT_EQ(a.qp.outstanding_reads(), 0u);
+      break;
+    }
+    case RtrType::send:
+      EXPECT_EQ(rtr.opcode, wire::RdmapOpcode::send);
+      EXPECT_EQ(rtr.msn, 1u);
+      EXPECT_EQ(b.qp.recv_queue_size(), 1u);  // no posted receive consumed
+      break;
+    case RtrType::none:
+      break;
+  }
+  EXPECT_TRUE(a.scq.wcs.empty());
+  EXPECT_TRUE(b.rcq.wcs.empty());
+  ASSERT_EQ(a.rcq.wcs.size(), 1u);  // B's early Send arrived after the RTR
+  EXPECT_TRUE(has_pattern(a_buf.bytes(), 4));
+  EXPECT_EQ(b.scq.wcs.size(), 1u);
+  // Normal traffic follows (for the Send RTR: MSN 2 is the first real message).
+  ASSERT_TRUE(a.send(4, WrOpcode::send, {a_buf.sge(0, 100)}));
+  pump.run();
+  ASSERT_EQ(b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(b.rcq.wcs[0].wr_id, 2u);
+  EXPECT_EQ(a.qp.state(), QpState::rts);
+  EXPECT_EQ(b.qp.state(), QpState::rts);
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+}
+
+TEST(QueuePairEngine, RtrWriteIsAbsorbed) { run_rtr(RtrType::write, true); }
+TEST(QueuePairEngine, RtrReadIsAbsorbed) { run_rtr(RtrType::read, true); }
+TEST(QueuePairEngine, RtrSendIsAbsorbed) { run_rtr(RtrType::send, false); }
+
+TEST(QueuePairEngine, RtrIsSentBeforeEarlierPostedWorkAndHoldsAnOrdSlot) {
+  Peer a(1), b(2);
+  Mr src = a.reg(100);
+  Mr dst = b.reg(100);
+  Mr sink = a.reg(100);
+  ASSERT_TRUE(a.send(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, dst.addr, dst.stag));
+  ASSERT_TRUE(a.send(2, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, dst.addr, dst.stag));
+  StreamParams pa = initiator_params();
+  pa.send_rtr = RtrType::read;
+  pa.ord = 1;  // the RTR Read holds the only ORD slot until its Read Response is back
+  StreamParams pb = responder_params();
+  pb.expect_rtr = RtrType::read;
+  a.qp.connect(pa);
+  b.qp.connect(pb);
+  Pump pump(a, b, 1);
+  std::array<iovec, 64> iov{};
+  std::size_t total = 0;
+  for (std::size_t i = 0, n = a.qp.gather_transmit(iov); i < n; ++i) total += iov[i].iov_len;
+  EXPECT_EQ(total, wire::fpdu_wire_size(wire::kReadRequestUlpduSize));  // the RTR only
+  for (int i = 0; i < 10000 && pump.step(); ++i) ASSERT_LE(a.qp.outstanding_reads(), 1u);
+  const auto headers = decode_stream(pump.ab.tap, true);
+  ASSERT_EQ(headers.size(), 3u);
+  EXPECT_EQ(headers[0].opcode, wire::RdmapOpcode::read_request);
+  EXPECT_EQ(headers[0].read_request.size, 0u);
+  EXPECT_EQ(headers[1].opcode, wire::RdmapOpcode::read_request);
+  EXPECT_EQ(headers[1].msn, 2u);  // the RTR used QN 1 MSN 1
+  EXPECT_EQ(headers[2].opcode, wire::RdmapOpcode::rdma_write);
+  ASSERT_EQ(a.scq.wcs.size(), 2u);
+  EXPECT_EQ(a.scq.wcs[0].wr_id, 1u);
+  EXPECT_EQ(a.scq.wcs[1].wr_id, 2u);
+}
+
+TEST(QueuePairEngine, UnexpectedFirstFpduIsNoMatchingRtr) {
+  Peer a(1), b(2);
+  StreamParams pa = initiator_params();
+  pa.send_rtr = RtrType::write;
+  StreamParams pb = responder_params();
+  pb.expect_rtr = RtrType::read;
+  a.qp.connect(pa);
+  b.qp.connect(pb);
+  Pump pump(a, b, 1);
+  pump.run();
+  auto be = b.events();
+  ASSERT_TRUE(find_event(be, QpEvent::Kind::terminate_sent));
+  EXPECT_EQ(find_event(be, QpEvent::Kind::terminate_sent)->code, (TerminateCode{TerminateLayer::llp, 0x0, 0x07}));
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  EXPECT_EQ(b.qp.state(), QpState::error);
+}
+
+TEST(QueuePairEngine, InitiatorTerminateInsteadOfRtrIsAccepted) {
+  // RFC 6581 §9.3: an initiator without a common RTR sends Terminate 2/0/7 as its first FPDU.
+  Peer a(1), b(2);
+  StreamParams pb = responder_params();
+  pb.expect_rtr = RtrType::write;
+  a.qp.connect(initiator_params());
+  b.qp.connect(pb);
+  a.qp.terminate(TerminateCode{TerminateLayer::llp, 0x0, 0x07});
+  Pump pump(a, b, 1);
+  pump.run();
+  auto be = b.events();
+  ASSERT_TRUE(find_event(be, QpEvent::Kind::terminate_received));
+  EXPECT_EQ(find_event(be, QpEvent::Kind::terminate_received)->code, (TerminateCode{TerminateLayer::llp, 0x0, 0x07}));
+  EXPECT_FALSE(find_event(be, QpEvent::Kind::terminate_sent));
+  EXPECT_TRUE(pump.ba.tap.empty());
+}
+
+}  // namespace
+}  // namespace peercm::core

@@ -1,0 +1,652 @@
+// Reactor: fd dispatch, timers, callback safety, wake-ups and the progress thread.
+// Timing asserts are one-sided where possible (never early) and loose otherwise.
+#include "engine/reactor.hpp"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace peercm::engine {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::uint32_t kIn = static_cast<std::uint32_t>(EPOLLIN);
+constexpr std::uint32_t kOut = static_cast<std::uint32_t>(EPOLLOUT);
+constexpr std::uint32_t kEt = static_cast<std::uint32_t>(EPOLLET);
+constexpr std::uint32_t kHup = static_cast<std::uint32_t>(EPOLLHUP);
+
+// A non-blocking pipe that closes what it still owns.
+struct Pipe {
+  int r = -1;
+  int w = -1;
+  Pipe() {
+    int fds[2] = {-1, -1};
+    if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) == 0) {
+      r = fds[0];
+      w = fds[1];
+    }
+  }
+  ~Pipe() {
+    close_read();
+    close_write();
+  }
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+
+  void put() const {
+    const char byte = 'x';
+    EXPECT_EQ(::write(w, &byte, 1), 1);
+  }
+  void drain() const {
+    char buf[64];
+    while (::read(r, buf, sizeof buf) > 0) {
+    }
+  }
+  void close_read() {
+    if (r >= 0) ::close(r);
+    r = -1;
+  }
+  void close_write() {
+    if (w >= 0) ::close(w);
+    w = -1;
+  }
+};
+
+class ReactorTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (lock.owns_lock()) lock.unlock();
+    reactor.stop_thread();  // joins: called without the owner mutex
+    lock.lock();
+    EXPECT_EQ(reactor.registered_fds(), 0u);
+    EXPECT_EQ(reactor.pending_timers(), 0u);
+  }
+
+  // Runs rounds until `done()` or a generous limit, so a loaded machine only slows it.
+  template <class Pred>
+  bool run_until(Pred done, std::chrono::milliseconds limit = 2000ms) {
+    const auto end = Clock::now() + limit;
+    while (!done()) {
+      if (Clock::now() > end) return false;
+      reactor.run_once(lock, 50ms);
+    }
+    return true;
+  }
+
+  // Declaration order matters: lock unlocks first, then the reactor goes, then the mutex.
+  std::mutex mu;
+  Reactor reactor{mu};
+  std::unique_lock<std::mutex> lock{mu};
+};
+
+// --- fds ---------------------------------------------------------------------------------
+
+TEST_F(ReactorTest, ReadablePipeDispatchesItsCallbackWithTheEvents) {
+  Pipe p;
+  int calls = 0;
+  std::uint32_t seen = 0;
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t ev) {
+    ++calls;
+    seen = ev;
+    p.drain();
+  }));
+  EXPECT_EQ(reactor.registered_fds(), 1u);
+
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(calls, 0);
+
+  p.put();
+  reactor.run_once(lock, 1000ms);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(seen & kIn);
+
+  reactor.remove(p.r);
+  EXPECT_EQ(reactor.registered_fds(), 0u);
+}
+
+TEST_F(ReactorTest, LevelTriggeredRepeatsUntilDrainedEdgeTriggeredDoesNot) {
+  Pipe level;
+  Pipe edge;
+  int level_calls = 0;
+  int edge_calls = 0;
+  ASSERT_TRUE(reactor.add(level.r, kIn, [&](std::uint32_t) { ++level_calls; }));
+  ASSERT_TRUE(reactor.add(edge.r, kIn | kEt, [&](std::uint32_t) { ++edge_calls; }));
+  level.put();
+  edge.put();
+  reactor.run_once(lock, 1000ms);
+  reactor.run_once(lock, 0ms);
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(level_calls, 3);
+  EXPECT_EQ(edge_calls, 1);
+  reactor.remove(level.r);
+  reactor.remove(edge.r);
+}
+
+TEST_F(ReactorTest, ModifyChangesTheInterestSet) {
+  Pipe p;
+  std::uint32_t seen = 0;
+  // A pipe's write end is always writable, never readable.
+  ASSERT_TRUE(reactor.add(p.w, kIn, [&](std::uint32_t ev) { seen |= ev; }));
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(seen, 0u);
+  ASSERT_TRUE(reactor.modify(p.w, kOut));
+  reactor.run_once(lock, 1000ms);
+  EXPECT_TRUE(seen & kOut);
+  reactor.remove(p.w);
+}
+
+TEST_F(ReactorTest, HangupIsReported) {
+  Pipe p;
+  std::uint32_t seen = 0;
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t ev) { seen |= ev; }));
+  p.close_write();
+  reactor.run_once(lock, 1000ms);
+  EXPECT_TRUE(seen & kHup);
+  reactor.remove(p.r);
+}
+
+TEST_F(ReactorTest, AddAndModifyReportErrorsAsValues) {
+  auto noop = [](std::uint32_t) {};
+  auto bad = reactor.add(-1, kIn, noop);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error(), std::errc::bad_file_descriptor);
+
+  int closed = -1;
+  {
+    Pipe gone;
+    closed = gone.r;
+  }
+  auto stale = reactor.add(closed, kIn, noop);
+  ASSERT_FALSE(stale);
+  EXPECT_EQ(stale.error(), std::errc::bad_file_descriptor);
+
+  Pipe p;
+  auto empty = reactor.add(p.r, kIn, Reactor::IoCallback{});
+  ASSERT_FALSE(empty);
+  EXPECT_EQ(empty.error(), std::errc::invalid_argument);
+
+  ASSERT_TRUE(reactor.add(p.r, kIn, noop));
+  auto twice = reactor.add(p.r, kIn, noop);
+  ASSERT_FALSE(twice);
+  EXPECT_EQ(twice.error(), std::errc::file_exists);
+
+  auto unknown = reactor.modify(p.w, kOut);
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error(), std::errc::no_such_file_or_directory);
+
+  reactor.remove(p.w);  // unknown: no-op
+  EXPECT_EQ(reactor.registered_fds(), 1u);
+  reactor.remove(p.r);
+  reactor.remove(p.r);  // twice: no-op
+  EXPECT_EQ(reactor.registered_fds(), 0u);
+}
+
+// --- callback safety ---------------------------------------------------------------------
+
+TEST_F(ReactorTest, RemoveInsideItsOwnCallbackIsSafeAndFinal) {
+  Pipe p;
+  int calls = 0;
+  auto payload = std::make_shared<std::string>("callback state");
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&, payload](std::uint32_t) {
+    ++calls;
+    reactor.remove(p.r);
+    // The closure (and `payload` in it) must still be alive after remove(): ASan checks.
+    EXPECT_EQ(*payload, "callback state");
+  }));
+  payload.reset();
+  p.put();  // never drained: level-triggered would fire every round if still registered
+  reactor.run_once(lock, 1000ms);
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(reactor.registered_fds(), 0u);
+}
+
+TEST_F(ReactorTest, RemovingAnotherReadyFdInTheSameBatchSuppressesItsCallback) {
+  Pipe a;
+  Pipe b;
+  int a_calls = 0;
+  int b_calls = 0;
+  // Whichever is dispatched first removes the other, whose event is in the same batch.
+  ASSERT_TRUE(reactor.add(a.r, kIn, [&](std::uint32_t) {
+    ++a_calls;
+    reactor.remove(b.r);
+    reactor.remove(a.r);
+  }));
+  ASSERT_TRUE(reactor.add(b.r, kIn, [&](std::uint32_t) {
+    ++b_calls;
+    reactor.remove(a.r);
+    reactor.remove(b.r);
+  }));
+  a.put();
+  b.put();
+  // Both readable before the wait, so both events arrive in one epoll_wait.
+  reactor.run_once(lock, 1000ms);
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(a_calls + b_calls, 1);
+  EXPECT_EQ(reactor.registered_fds(), 0u);
+}
+
+TEST_F(ReactorTest, ReusedFdNumberDoesNotReceiveTheOldRegistrationsStaleEvent) {
+  Pipe a;
+  auto b = std::make_unique<Pipe>();
+  auto fresh = std::make_unique<Pipe>();
+  fresh->close_read();
+  fresh->close_write();
+  int old_calls = 0;
+  int new_calls = 0;
+  int reused_fd = -1;
+  bool renumbered = false;
+  auto replace = [&](int victim) {
+    // Remove and close the other (ready) fd, then take its number for a fresh pipe
+    // that is NOT readable: the pending event for the old number must not reach it.
+    reactor.remove(victim);
+    if (victim == b->r) {
+      b->close_read();
+    } else {
+      a.close_read();
+    }
+    fresh = std::make_unique<Pipe>();  // lowest free numbers: reuses `victim`
+    renumbered = fresh->r == victim;
+    reused_fd = fresh->r;
+    ASSERT_TRUE(reactor.add(fresh->r, kIn, [&](std::uint32_t) {
+      ++new_calls;
+      fresh->drain();
+    }));
+  };
+  int a_fd = a.r;
+  int b_fd = b->r;
+  ASSERT_TRUE(reactor.add(a_fd, kIn, [&, b_fd](std::uint32_t) {
+    ++old_calls;
+    replace(b_fd);
+    reactor.remove(a_fd);
+  }));
+  ASSERT_TRUE(reactor.add(b_fd, kIn, [&, a_fd](std::uint32_t) {
+    ++old_calls;
+    replace(a_fd);
+    reactor.remove(b_fd);
+  }));
+  a.put();
+  b->put();
+  reactor.run_once(lock, 1000ms);
+  EXPECT_TRUE(renumbered) << "test precondition: the fd number was not reused";
+  EXPECT_EQ(old_calls, 1);
+  EXPECT_EQ(new_calls, 0);
+
+  fresh->put();
+  reactor.run_once(lock, 1000ms);
+  EXPECT_EQ(new_calls, 1);
+  reactor.remove(reused_fd);
+  EXPECT_EQ(reactor.registered_fds(), 0u);
+}
+
+TEST_F(ReactorTest, FdClosedWithoutRemoveCanBeRegisteredAgainUnderItsNumber) {
+  int old_calls = 0;
+  int new_calls = 0;
+  auto first = std::make_unique<Pipe>();
+  const int number = first->r;
+  ASSERT_TRUE(reactor.add(number, kIn, [&](std::uint32_t) { ++old_calls; }));
+  first.reset();  // closed behind the reactor's back: the kernel drops it from epoll
+
+  Pipe second;
+  ASSERT_EQ(second.r, number);
+  ASSERT_TRUE(reactor.add(second.r, kIn, [&](std::uint32_t) {
+    ++new_calls;
+    second.drain();
+  }));
+  EXPECT_EQ(reactor.registered_fds(), 1u);
+  second.put();
+  reactor.run_once(lock, 1000ms);
+  EXPECT_EQ(old_calls, 0);
+  EXPECT_EQ(new_calls, 1);
+  reactor.remove(second.r);
+}
+
+TEST_F(ReactorTest, CallbacksCanAddFdsAndTimers) {
+  Pipe a;
+  Pipe b;
+  bool b_called = false;
+  bool timer_fired = false;
+  ASSERT_TRUE(reactor.add(a.r, kIn, [&](std::uint32_t) {
+    a.drain();
+    reactor.remove(a.r);
+    ASSERT_TRUE(reactor.add(b.r, kIn, [&](std::uint32_t) {
+      b_called = true;
+      reactor.remove(b.r);
+    }));
+    reactor.add_timer(Clock::now(), [&] { timer_fired = true; });
+  }));
+  a.put();
+  b.put();
+  EXPECT_TRUE(run_until([&] { return b_called && timer_fired; }));
+}
+
+// --- timers ------------------------------------------------------------------------------
+
+TEST_F(ReactorTest, TimersFireInDeadlineOrderFifoOnTiesAndNeverEarly) {
+  const auto t0 = Clock::now();
+  struct Fired {
+    int tag;
+    Clock::time_point deadline;
+    Clock::time_point at;
+  };
+  std::vector<Fired> fired;
+  auto arm = [&](int tag, std::chrono::microseconds offset) {
+    const auto deadline = t0 + offset;
+    return reactor.add_timer(deadline,
+                             [&fired, tag, deadline] { fired.push_back({tag, deadline, Clock::now()}); });
+  };
+  const auto id30 = arm(30, 15ms);
+  const auto id10 = arm(10, 5ms);
+  const auto id20 = arm(20, 10ms);
+  const auto id11 = arm(11, 5ms);  // same deadline as 10: fires after it
+  const auto id5 = arm(5, 1500us);
+  EXPECT_NE(id30, 0u);
+  EXPECT_EQ(reactor.pending_timers(), 5u);
+  for (auto id : {id10, id20, id11, id5}) EXPECT_NE(id, id30);
+
+  EXPECT_TRUE(run_until([&] { return fired.size() == 5; }));
+  ASSERT_EQ(fired.size(), 5u);
+  const int expected[] = {5, 10, 11, 20, 30};
+  for (std::size_t i = 0; i < fired.size(); ++i) {
+    EXPECT_EQ(fired[i].tag, expected[i]);
+    EXPECT_GE(fired[i].at, fired[i].deadline) << "timer " << fired[i].tag << " fired early";
+  }
+}
+
+TEST_F(ReactorTest, SubMillisecondRemainderRoundsTheWaitUpSoOneRoundFires) {
+  // Rounding 0.3 ms down to a 0 ms poll would return before the deadline.
+  for (auto offset : {100us, 300us, 999us, 1001us, 1700us}) {
+    const auto deadline = Clock::now() + offset;
+    Clock::time_point at{};
+    bool fired = false;
+    reactor.add_timer(deadline, [&] {
+      fired = true;
+      at = Clock::now();
+    });
+    reactor.run_once(lock, 1000ms);
+    EXPECT_TRUE(fired) << "offset " << offset.count() << "us";
+    if (fired) {
+      EXPECT_GE(at, deadline);
+    } else {
+      EXPECT_TRUE(run_until([&] { return fired; }));
+    }
+  }
+}
+
+TEST_F(ReactorTest, MaxWaitBoundsTheSleepWithoutTimers) {
+  const auto t0 = Clock::now();
+  reactor.run_once(lock, 20ms);
+  EXPECT_GE(Clock::now() - t0, 20ms);
+}
+
+TEST_F(ReactorTest, CancelledTimerNeverFires) {
+  bool cancelled_fired = false;
+  bool kept_fired = false;
+  const auto now = Clock::now();
+  const auto cancelled = reactor.add_timer(now + 2ms, [&] { cancelled_fired = true; });
+  reactor.add_timer(now + 5ms, [&] { kept_fired = true; });
+  reactor.cancel_timer(cancelled);
+  reactor.cancel_timer(cancelled);  // twice: no-op
+  reactor.cancel_timer(0);          // never issued: no-op
+  EXPECT_EQ(reactor.pending_timers(), 1u);
+  EXPECT_TRUE(run_until([&] { return kept_fired; }));
+  EXPECT_FALSE(cancelled_fired);
+}
+
+TEST_F(ReactorTest, TimerCancelledByAnEarlierTimerOfTheSameRoundDoesNotFire) {
+  const auto past = Clock::now() - 1ms;
+  Reactor::TimerId second = 0;
+  Reactor::TimerId third = 0;
+  std::vector<int> fired;
+  reactor.add_timer(past, [&] {
+    fired.push_back(1);
+    reactor.cancel_timer(second);
+  });
+  second = reactor.add_timer(past, [&] { fired.push_back(2); });
+  third = reactor.add_timer(past, [&] {
+    fired.push_back(3);
+    reactor.cancel_timer(third);  // its own id: already retired, no-op
+  });
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(fired, (std::vector<int>{1, 3}));
+}
+
+TEST_F(ReactorTest, TimerAddedFromATimerCallbackFiresInALaterRound) {
+  int fired = 0;
+  std::function<void()> rearm = [&] {
+    if (++fired < 3) reactor.add_timer(Clock::now() - 1ms, rearm);
+  };
+  reactor.add_timer(Clock::now() - 1ms, rearm);
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(fired, 1);
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(fired, 2);
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(fired, 3);
+}
+
+TEST_F(ReactorTest, FdCallbackCanCancelATimerDueInTheSameRound) {
+  Pipe p;
+  bool timer_fired = false;
+  const auto id = reactor.add_timer(Clock::now() - 1ms, [&] { timer_fired = true; });
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
+    reactor.cancel_timer(id);
+    reactor.remove(p.r);
+  }));
+  p.put();
+  reactor.run_once(lock, 0ms);
+  EXPECT_FALSE(timer_fired);
+}
+
+// --- wake-ups and threads ----------------------------------------------------------------
+
+TEST_F(ReactorTest, WakeFromAnotherThreadInterruptsALongWait) {
+  std::thread waker([this] {
+    std::this_thread::sleep_for(20ms);
+    reactor.wake();
+  });
+  const auto t0 = Clock::now();
+  reactor.run_once(lock, 10s);
+  const auto elapsed = Clock::now() - t0;
+  waker.join();
+  EXPECT_LT(elapsed, 1s);
+}
+
+TEST_F(ReactorTest, WakeBeforeTheWaitIsNotLostAndIsDrained) {
+  reactor.wake();
+  reactor.wake();
+  auto t0 = Clock::now();
+  reactor.run_once(lock, 10s);
+  EXPECT_LT(Clock::now() - t0, 1s);
+  // Drained: the next round sleeps its full time.
+  t0 = Clock::now();
+  reactor.run_once(lock, 30ms);
+  EXPECT_GE(Clock::now() - t0, 30ms);
+}
+
+TEST_F(ReactorTest, OnReactorThreadInsideRunOnceOnly) {
+  EXPECT_FALSE(reactor.on_reactor_thread());
+  bool inside = false;
+  reactor.add_timer(Clock::now(), [&] { inside = reactor.on_reactor_thread(); });
+  EXPECT_TRUE(run_until([&] { return inside; }));
+  EXPECT_FALSE(reactor.on_reactor_thread());
+}
+
+TEST_F(ReactorTest, ProgressThreadRunsCallbacksAndStopsCleanly) {
+  std::condition_variable cv;
+  Pipe p;
+  int calls = 0;
+  bool on_thread = false;
+  bool timer_on_thread = false;
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
+    p.drain();
+    ++calls;
+    on_thread = reactor.on_reactor_thread();
+    cv.notify_all();
+  }));
+  reactor.start_thread();
+  reactor.start_thread();  // already running: no-op
+  EXPECT_FALSE(reactor.on_reactor_thread());
+
+  p.put();
+  ASSERT_TRUE(cv.wait_for(lock, 2s, [&] { return calls == 1; }));
+  EXPECT_TRUE(on_thread);
+
+  reactor.add_timer(Clock::now() + 1ms, [&] {
+    timer_on_thread = reactor.on_reactor_thread();
+    cv.notify_all();
+  });
+  ASSERT_TRUE(cv.wait_for(lock, 2s, [&] { return timer_on_thread; }));
+
+  lock.unlock();
+  reactor.stop_thread();
+  reactor.stop_thread();  // not running: no-op
+  p.put();
+  std::this_thread::sleep_for(20ms);
+  lock.lock();
+  EXPECT_EQ(calls, 1);  // nobody runs the reactor any more
+
+  reactor.run_once(lock, 1000ms);  // the caller can drive it again
+  EXPECT_EQ(calls, 2);
+  reactor.remove(p.r);
+}
+
+TEST_F(ReactorTest, EarlierTimerWakesTheSleepingProgressThread) {
+  std::condition_variable cv;
+  const auto far = reactor.add_timer(Clock::now() + 10s, [] { ADD_FAILURE() << "far timer fired"; });
+  reactor.start_thread();
+  // Let the thread go to sleep on the 10 s deadline.
+  lock.unlock();
+  std::this_thread::sleep_for(20ms);
+  lock.lock();
+
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + 20ms;
+  bool fired = false;
+  Clock::time_point at{};
+  reactor.add_timer(deadline, [&] {
+    fired = true;
+    at = Clock::now();
+    cv.notify_all();
+  });
+  ASSERT_TRUE(cv.wait_for(lock, 3s, [&] { return fired; }));
+  EXPECT_GE(at, deadline);
+  EXPECT_LT(at - t0, 500ms);  // loose: without the wake-up it would be 10 s
+
+  reactor.cancel_timer(far);
+  lock.unlock();
+  reactor.stop_thread();
+  lock.lock();
+}
+
+TEST_F(ReactorTest, StopThreadFromItsOwnCallbackThenRestartFromOutside) {
+  std::condition_variable cv;
+  bool stopped = false;
+  reactor.start_thread();
+  reactor.add_timer(Clock::now(), [&] {
+    reactor.stop_thread();  // on the progress thread: request only
+    stopped = true;
+    cv.notify_all();
+  });
+  ASSERT_TRUE(cv.wait_for(lock, 2s, [&] { return stopped; }));
+
+  // Restart joins the finished thread and runs a new one.
+  bool ran = false;
+  reactor.start_thread();
+  reactor.add_timer(Clock::now(), [&] {
+    ran = true;
+    cv.notify_all();
+  });
+  ASSERT_TRUE(cv.wait_for(lock, 2s, [&] { return ran; }));
+  lock.unlock();
+  reactor.stop_thread();
+  lock.lock();
+}
+
+TEST_F(ReactorTest, StopThenStartFromTheSameCallbackKeepsTheThreadRunning) {
+  std::condition_variable cv;
+  int rounds = 0;
+  bool later_on_thread = false;
+  reactor.start_thread();
+  reactor.add_timer(Clock::now(), [&] {
+    reactor.stop_thread();
+    reactor.start_thread();
+    ++rounds;
+    reactor.add_timer(Clock::now(), [&] {
+      later_on_thread = reactor.on_reactor_thread();
+      ++rounds;
+      cv.notify_all();
+    });
+  });
+  ASSERT_TRUE(cv.wait_for(lock, 2s, [&] { return rounds == 2; }));
+  EXPECT_TRUE(later_on_thread);
+}
+
+TEST(ReactorLifetime, ThreadStartedAndStoppedWithoutTheOwnerMutex) {
+  // The API layer starts the thread in a constructor and stops it in a destructor.
+  std::mutex mu;
+  Reactor reactor(mu);
+  reactor.start_thread();
+  std::atomic<bool> ran{false};
+  {
+    const std::lock_guard<std::mutex> guard(mu);
+    reactor.add_timer(Clock::now(), [&] { ran = true; });
+  }
+  const auto end = Clock::now() + 2s;
+  while (!ran && Clock::now() < end) std::this_thread::sleep_for(1ms);
+  reactor.stop_thread();
+  EXPECT_TRUE(ran);
+}
+
+TEST(ReactorLifetime, DestructorStopsARunningProgressThread) {
+  std::mutex mu;
+  bool ran = false;
+  {
+    Reactor reactor(mu);
+    std::unique_lock<std::mutex> lock(mu);
+    std::condition_variable cv;
+    reactor.add_timer(Clock::now(), [&] {
+      ran = true;
+      cv.notify_all();
+    });
+    reactor.start_thread();
+    ASSERT_TRUE(cv.wait_for(lock, 2s, [&] { return ran; }));
+    lock.unlock();
+  }  // ~Reactor with the thread sleeping and the mutex free
+  EXPECT_TRUE(ran);
+}
+
+TEST_F(ReactorTest, CountsReturnToZeroAfterRemoveCancelAndFire) {
+  std::vector<std::unique_ptr<Pipe>> pipes;
+  for (int i = 0; i < 8; ++i) {
+    pipes.push_back(std::make_unique<Pipe>());
+    ASSERT_TRUE(reactor.add(pipes.back()->r, kIn, [](std::uint32_t) {}));
+  }
+  std::vector<Reactor::TimerId> ids;
+  int fired = 0;
+  for (int i = 0; i < 8; ++i) ids.push_back(reactor.add_timer(Clock::now() + 1h, [] {}));
+  for (int i = 0; i < 4; ++i) reactor.add_timer(Clock::now() - 1ms, [&] { ++fired; });
+  EXPECT_EQ(reactor.registered_fds(), 8u);
+  EXPECT_EQ(reactor.pending_timers(), 12u);
+
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(fired, 4);
+  EXPECT_EQ(reactor.pending_timers(), 8u);
+  for (auto id : ids) reactor.cancel_timer(id);
+  for (auto& p : pipes) reactor.remove(p->r);
+  EXPECT_EQ(reactor.registered_fds(), 0u);
+  EXPECT_EQ(reactor.pending_timers(), 0u);
+}
+
+}  // namespace
+}  // namespace peercm::engine

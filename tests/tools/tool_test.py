@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""End-to-end checks of the `peercm` tool (run by CTest, see CMakeLists.txt).
+
+  tool_test.py ping --peercm PATH --op OP --size N --count N --crc on|off
+      Starts `peercm ping --server --once` on 127.0.0.1 with port 0 (the server reports
+      the port it got on stderr), runs the client against it with --json, and checks that
+      both exit with status 0 and that every iteration was verified.
+
+  tool_test.py perf --peercm PATH --op OP --mode MODE --size N --iters N
+      Runs `peercm perf --loopback ... --json` and checks the JSON and its fields.
+"""
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import threading
+import time
+
+DEADLINE = 8.0  # seconds for a whole test (CTest kills at 10)
+
+
+def fail(message):
+    print(f"FAIL: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def run_ping(args):
+    server = subprocess.Popen(
+        [args.peercm, "ping", "--server", "--bind", "127.0.0.1", "--port", "0", "--once", "--crc", args.crc],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The server reports "listening on ADDR:PORT" on stderr once it listens.
+        found = {}
+        lines = []
+
+        def read_stderr():
+            for line in server.stderr:
+                lines.append(line)
+                m = re.search(r"listening on [0-9.]+:(\d+)", line)
+                if m and "port" not in found:
+                    found["port"] = int(m.group(1))
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        start = time.monotonic()
+        while "port" not in found:
+            if server.poll() is not None or time.monotonic() - start > 3:
+                fail(f"the server did not start listening: {''.join(lines)}")
+            time.sleep(0.01)
+        port = found["port"]
+
+        client_cmd = [args.peercm, "ping", "--client", "127.0.0.1", "--port", str(port), "--op", args.op,
+                      "--size", str(args.size), "--count", str(args.count), "--crc", args.crc, "--json"]
+        try:
+            client = subprocess.run(client_cmd, capture_output=True, text=True,
+                                    timeout=DEADLINE - (time.monotonic() - start) - 1)
+        except subprocess.TimeoutExpired:
+            fail(f"the client did not finish: {' '.join(client_cmd)}")
+        sys.stderr.write(client.stderr)
+        print(client.stdout.strip())
+        if client.returncode != 0:
+            fail(f"client exit status {client.returncode}")
+        try:
+            result = json.loads(client.stdout)
+        except json.JSONDecodeError as e:
+            fail(f"client output is not JSON ({e}): {client.stdout!r}")
+        expected = {"op": args.op, "size": args.size, "count": args.count, "verified": args.count, "errors": 0}
+        for key, value in expected.items():
+            if result.get(key) != value:
+                fail(f"client JSON {key} = {result.get(key)!r}, expected {value!r}")
+        if not isinstance(result.get("elapsed_us"), int):
+            fail("client JSON has no integer elapsed_us")
+
+        try:
+            server_out, _ = server.communicate(timeout=max(0.5, DEADLINE - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            fail("the server did not exit after its client (--once)")
+        reader.join(timeout=1)
+        print(server_out.strip())
+        if server.returncode != 0:
+            fail(f"server exit status {server.returncode}: {''.join(lines)}")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    print("ok")
+
+
+def run_perf(args):
+    cmd = [args.peercm, "perf", "--loopback", "--op", args.op, "--mode", args.mode, "--size", str(args.size),
+           "--iters", str(args.iters), "--json"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE)
+    except subprocess.TimeoutExpired:
+        fail(f"did not finish: {' '.join(cmd)}")
+    sys.stderr.write(proc.stderr)
+    print(proc.stdout.strip())
+    if proc.returncode != 0:
+        fail(f"exit status {proc.returncode}")
+    try:
+        result = json.loads(proc.stdout)
+    except json.JSONDecodeError as e:
+        fail(f"output is not JSON ({e}): {proc.stdout!r}")
+    for key in ("op", "mode", "size", "peercm", "tcp", "ratio", "unit"):
+        if key not in result:
+            fail(f"JSON field {key} is missing")
+    if result["op"] != args.op or result["mode"] != args.mode or result["size"] != args.size:
+        fail("op/mode/size do not match the request")
+    if result["unit"] != ("us" if args.mode == "lat" else "MB/s"):
+        fail(f"unexpected unit {result['unit']!r}")
+    for key in ("peercm", "tcp", "ratio"):
+        value = result[key]
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            fail(f"{key} = {value!r} is not a positive number")
+    if not math.isclose(result["ratio"], result["peercm"] / result["tcp"], rel_tol=1e-6):
+        fail("ratio is not peercm/tcp")
+    print("ok")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="what", required=True)
+    ping = sub.add_parser("ping")
+    ping.add_argument("--peercm", required=True)
+    ping.add_argument("--op", required=True, choices=["send", "write", "read"])
+    ping.add_argument("--size", type=int, default=64)
+    ping.add_argument("--count", type=int, default=20)
+    ping.add_argument("--crc", choices=["on", "off"], default="on")
+    perf = sub.add_parser("perf")
+    perf.add_argument("--peercm", required=True)
+    perf.add_argument("--op", default="send", choices=["send", "write", "read"])
+    perf.add_argument("--mode", default="lat", choices=["lat", "bw"])
+    perf.add_argument("--size", type=int, default=8)
+    perf.add_argument("--iters", type=int, default=200)
+    args = parser.parse_args()
+    if args.what == "ping":
+        run_ping(args)
+    else:
+        run_perf(args)
+
+
+if __name__ == "__main__":
+    main()

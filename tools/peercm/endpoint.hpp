@@ -1,0 +1,237 @@
+// Shared helpers of the `peercm ping` and `peercm perf` subcommands: addresses, a little-
+// endian codec for private data and control messages, the data pattern, and an Endpoint
+// (one connection's PD, CQ, QP and registered buffers) with event and completion waits
+// that never block for ever.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "peercm/cm.hpp"
+#include "peercm/verbs.hpp"
+
+namespace peercm::tool {
+
+using Clock = std::chrono::steady_clock;
+
+// Every wait for a peer (CM event, completion, socket) gives up after this long.
+inline constexpr std::chrono::milliseconds kWaitTimeout{10000};
+// Busy polls spin this long without a completion before they start yielding the CPU
+// (inline progress: the polling thread is the one that makes progress, and a yield on a
+// loaded machine can cost milliseconds). With progress threads, polls yield at once every
+// few dozen empty polls so that the progress threads get a CPU on small machines.
+inline constexpr std::chrono::microseconds kSpinBeforeYield{50};
+
+// A fatal error of a run: the subcommand prints it and exits non-zero.
+struct ToolError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string errc_text(std::errc error);
+[[noreturn]] void throw_errc(std::string_view what, std::errc error);
+
+// --- addresses ---
+
+// A numeric IPv4 address or a host name (resolved to its first IPv4 address).
+std::optional<sockaddr_in> parse_address(const std::string& host, std::uint16_t port);
+std::string format_address(const sockaddr_in& address);
+
+// --- option values shared by the subcommands ---
+
+// "on" -> 0 (required), "off" -> 2 (off), "" -> nullopt (library default).
+std::optional<std::int64_t> crc_option(const std::string& value);
+ProgressMode progress_option(const std::string& value);
+
+// --- little-endian codec ---
+
+class ByteWriter {
+ public:
+  ByteWriter& u8(std::uint8_t v);
+  ByteWriter& u16(std::uint16_t v);
+  ByteWriter& u32(std::uint32_t v);
+  ByteWriter& u64(std::uint64_t v);
+  std::vector<std::uint8_t>& bytes() { return bytes_; }
+
+ private:
+  std::vector<std::uint8_t> bytes_;
+};
+
+class ByteReader {
+ public:
+  explicit ByteReader(std::span<const std::uint8_t> bytes) : bytes_(bytes) {}
+  std::uint8_t u8();
+  std::uint16_t u16();
+  std::uint32_t u32();
+  std::uint64_t u64();
+  bool ok() const { return ok_; }
+
+ private:
+  std::uint64_t take(std::size_t n);
+  std::span<const std::uint8_t> bytes_;
+  std::size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+// --- control messages (16 bytes: kind, iteration, status, value) ---
+
+struct Control {
+  std::uint32_t kind = 0;
+  std::uint32_t iter = 0;
+  std::uint32_t status = 0;
+  std::uint32_t value = 0;
+};
+inline constexpr std::size_t kControlSize = 16;
+void encode_control(const Control& c, std::span<std::uint8_t> out);
+Control decode_control(std::span<const std::uint8_t> in);
+
+// --- the data pattern: depends on the iteration and on the byte index ---
+
+std::uint8_t pattern_byte(std::uint32_t iter, std::size_t index);
+void fill_pattern(std::span<std::uint8_t> bytes, std::uint32_t iter);
+// Index of the first byte that differs from the pattern, or nullopt.
+std::optional<std::size_t> find_mismatch(std::span<const std::uint8_t> bytes, std::uint32_t iter);
+
+// --- verbs/CM resources ---
+
+// One opened context and its CM event channel.
+struct Device {
+  explicit Device(ProgressMode mode);
+  std::unique_ptr<Context> context;
+  std::unique_ptr<EventChannel> channel;
+};
+
+// Registered memory owned by an Endpoint (64-byte aligned).
+class Buffer {
+ public:
+  Buffer(ProtectionDomain& pd, std::size_t size, std::uint32_t access);
+  std::uint8_t* data() { return storage_.get(); }
+  const std::uint8_t* data() const { return storage_.get(); }
+  std::span<std::uint8_t> span() { return {storage_.get(), size_}; }
+  std::size_t size() const { return size_; }
+  Sge sge(std::size_t offset, std::size_t length) const { return mr_->sge(offset, length); }
+  Sge sge() const { return mr_->sge(); }
+  std::uint64_t address() const;
+  std::uint32_t rkey() const { return mr_->rkey(); }
+
+ private:
+  struct Free {
+    void operator()(std::uint8_t* p) const;
+  };
+  std::unique_ptr<std::uint8_t, Free> storage_;
+  std::size_t size_;
+  std::unique_ptr<MemoryRegion> mr_;
+};
+
+// CM events that belong to nobody waiting right now (connect requests arriving while a
+// server is busy with another client) are kept here.
+using EventStash = std::deque<CmEvent>;
+
+// Waits for an event of one of `wanted` types on `id`; events of other ids are dropped,
+// CONNECT_REQUESTs on a listener go to `stash` when given. Throws ToolError on a timeout
+// or on any other event for `id` (REJECTED, UNREACHABLE, CONNECT_ERROR, DISCONNECTED...).
+CmEvent wait_event(EventChannel& channel, const CmId* id, std::initializer_list<CmEventType> wanted,
+                   EventStash* stash = nullptr, std::chrono::milliseconds timeout = kWaitTimeout);
+
+struct EndpointConfig {
+  std::uint32_t cq_capacity = 1024;
+  QpCaps caps{};
+  bool sig_all = true;
+  // Wait for completions through a CompletionChannel (sleeps) instead of busy polling.
+  bool event_driven = false;
+};
+
+// One side of a connection. The CmId comes from resolve (client) or from a CONNECT_REQUEST
+// (server); the Endpoint creates PD, CQ and QP on it and owns the buffers.
+class Endpoint {
+ public:
+  Endpoint(Device& device, std::unique_ptr<CmId> id, const EndpointConfig& config, EventStash* stash = nullptr);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  Buffer& add_buffer(std::size_t size, std::uint32_t access = kAccessLocalWrite);
+
+  // Posting; throw ToolError when the QP refuses the work request.
+  void post_send(Buffer& buffer, std::size_t offset, std::size_t length, std::uint64_t wr_id,
+                 std::uint32_t flags = 0);
+  void post_write(Buffer& buffer, std::size_t offset, std::size_t length, std::uint64_t remote_addr,
+                  std::uint32_t rkey, std::uint64_t wr_id, std::uint32_t flags = 0);
+  void post_read(Buffer& buffer, std::size_t offset, std::size_t length, std::uint64_t remote_addr,
+                 std::uint32_t rkey, std::uint64_t wr_id, std::uint32_t flags = 0);
+  void post_recv(Buffer& buffer, std::size_t offset, std::size_t length, std::uint64_t wr_id);
+  void post(const SendWr& wr);
+
+  // Completions with an error status throw ToolError.
+  std::size_t poll(std::span<WorkCompletion> out);
+  WorkCompletion wait_completion(std::chrono::milliseconds timeout = kWaitTimeout);
+  // Waits for a completion of `opcode`, handling the others through `other` (may be empty).
+  template <class F>
+  WorkCompletion wait_for(WcOpcode opcode, F&& other, std::chrono::milliseconds timeout = kWaitTimeout) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      WorkCompletion wc = wait_completion(std::max(left, std::chrono::milliseconds(0)));
+      if (wc.opcode == opcode) return wc;
+      other(wc);
+    }
+  }
+
+  // CM steps.
+  ConnParam connect(const ConnParam& param);  // returns the peer's accept parameters
+  void accept(const ConnParam& param);
+  CmEvent wait_event(std::initializer_list<CmEventType> wanted, std::chrono::milliseconds timeout = kWaitTimeout);
+  // Graceful close: disconnect and wait (briefly) for the DISCONNECTED event.
+  void close(std::chrono::milliseconds timeout = std::chrono::milliseconds(3000));
+
+  Device& device() { return device_; }
+  CmId& id() { return *id_; }
+  QueuePair& qp() { return *qp_; }
+  CompletionQueue& cq() { return *cq_; }
+  // Whether an idle busy poll that started at `start` should yield the CPU now (called
+  // every few dozen empty polls).
+  bool should_yield(Clock::time_point start, Clock::time_point now) const {
+    return yield_early_ || now - start > kSpinBeforeYield;
+  }
+
+ private:
+  Device& device_;
+  EventStash* stash_;
+  bool event_driven_;
+  bool yield_early_;
+  std::unique_ptr<ProtectionDomain> pd_;
+  std::unique_ptr<CompletionChannel> comp_channel_;
+  std::unique_ptr<CompletionQueue> cq_;
+  std::unique_ptr<CmId> id_;
+  QueuePair* qp_ = nullptr;
+  std::deque<Buffer> buffers_;
+  bool disconnected_ = false;
+};
+
+// Client side up to connect(): a CmId on `device` with its address and route resolved.
+std::unique_ptr<CmId> resolve(Device& device, const sockaddr_in& destination, std::optional<std::int64_t> crc);
+
+// A listening CmId.
+std::unique_ptr<CmId> listen_on(Device& device, const sockaddr_in& address, std::optional<std::int64_t> crc);
+
+// The next CONNECT_REQUEST (from the stash first); nullopt on timeout (negative: forever).
+std::optional<CmEvent> next_request(Device& device, EventStash& stash, std::chrono::milliseconds timeout);
+
+// Statistics of a series of samples (microseconds).
+struct Summary {
+  double median = 0, average = 0, min = 0, max = 0, p99 = 0;
+};
+Summary summarize(std::vector<double> samples);
+
+}  // namespace peercm::tool

@@ -1,0 +1,16 @@
+// peercm: the command-line tool (design.md §5).
+#include <CLI/CLI.hpp>
+
+#include "peercm/version.hpp"
+#include "subcommands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"peercm: userspace iWARP RDMA over TCP with a peer-to-peer connection manager"};
+  app.set_version_flag("--version", std::string(peercm::version()));
+  app.require_subcommand(1);
+  peercm::tool::add_selfcheck(app);
+  peercm::tool::add_ping(app);
+  peercm::tool::add_perf(app);
+  CLI11_PARSE(app, argc, argv);
+  return peercm::tool::exit_status;
+}

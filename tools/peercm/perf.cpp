@@ -1,0 +1,661 @@
+// `peercm perf`: latency and bandwidth of Send, RDMA Write and RDMA Read, each run next to
+// the same traffic pattern over a plain TCP socket, with the ratio of the two.
+//
+//   lat send:  ping-pong Send/Recv; one-way latency = RTT/2.
+//   lat write: ping-pong RDMA Write; each side busy-polls the last byte of its buffer for
+//              the iteration's marker (perftest's write_lat); one-way latency = RTT/2.
+//   lat read:  one RDMA Read of `size` bytes at a time; latency = its completion time.
+//   bw:        a window of outstanding work requests (signaled every 16th). For Send the
+//              receiver keeps kRecvDepth receives posted and returns credits, so the sender
+//              never overruns it (iWARP has no RNR retry).
+// Every run ends with a "fin" Send from the client answered by a "done" Send, so that the
+// server knows the client has finished with its memory.
+//
+// Connect private data: magic, version, op, mode, size, iters, warm-up, window, and the
+// client's buffer (address, rkey) for write latency. Accept private data: magic, the
+// server's buffer (address, rkey), its receive depth.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "endpoint.hpp"
+#include "perf_common.hpp"
+#include "subcommands.hpp"
+#include "tcp_baseline.hpp"
+
+namespace peercm::tool {
+
+std::string_view to_string(PerfOp op) {
+  switch (op) {
+    case PerfOp::send: return "send";
+    case PerfOp::write: return "write";
+    case PerfOp::read: return "read";
+  }
+  return "?";
+}
+
+std::string_view to_string(PerfMode mode) { return mode == PerfMode::lat ? "lat" : "bw"; }
+
+double headline(const PerfParams& params, const Measurement& m) {
+  if (params.mode == PerfMode::lat) return summarize(m.samples).median;
+  return m.seconds > 0 ? static_cast<double>(m.bytes) / m.seconds / 1e6 : 0.0;
+}
+
+namespace {
+
+constexpr std::uint32_t kHelloMagic = 0x46504350;   // "PCPF"
+constexpr std::uint32_t kAcceptMagic = 0x41504350;  // "PCPA"
+constexpr std::uint8_t kVersion = 1;
+constexpr std::uint32_t kMaxSize = 1u << 30;
+constexpr std::uint32_t kMaxWindow = 1024;
+constexpr std::uint32_t kSignalEvery = 16;
+constexpr std::uint32_t kRecvDepth = 512;    // bw send: receives the server keeps posted
+constexpr std::uint32_t kCreditBatch = 64;   // bw send: receives returned per credit message
+constexpr std::uint32_t kCtrlSlots = 32;     // control receives, 16 bytes each
+constexpr std::uint64_t kCtrlWr = 1ull << 62;  // wr_id tag of control sends and receives
+constexpr std::uint16_t kDefaultPort = 20050;
+// A waiting server gives up on a silent client only after this long (a lost connection
+// ends the wait at once through flushed receives).
+constexpr std::chrono::milliseconds kRunTimeout{600000};
+
+enum PerfControl : std::uint32_t { kFin = 1, kDone = 2, kCredit = 3 };
+
+double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+struct Hello {
+  PerfParams params;
+  std::uint64_t addr = 0;
+  std::uint32_t rkey = 0;
+};
+
+std::vector<std::uint8_t> encode_hello(const Hello& h) {
+  ByteWriter w;
+  w.u32(kHelloMagic).u8(kVersion).u8(static_cast<std::uint8_t>(h.params.op));
+  w.u8(static_cast<std::uint8_t>(h.params.mode)).u8(0);
+  w.u32(h.params.size).u64(h.params.iters).u32(h.params.warmup).u32(h.params.window);
+  w.u64(h.addr).u32(h.rkey);
+  return std::move(w.bytes());
+}
+
+std::optional<Hello> decode_hello(std::span<const std::uint8_t> bytes) {
+  ByteReader r(bytes);
+  if (r.u32() != kHelloMagic || r.u8() != kVersion) return std::nullopt;
+  const std::uint8_t op = r.u8();
+  const std::uint8_t mode = r.u8();
+  r.u8();
+  Hello h;
+  h.params.size = r.u32();
+  h.params.iters = r.u64();
+  h.params.warmup = r.u32();
+  h.params.window = r.u32();
+  h.addr = r.u64();
+  h.rkey = r.u32();
+  if (!r.ok() || op > 2 || mode > 1 || h.params.size == 0 || h.params.size > kMaxSize || h.params.window == 0 ||
+      h.params.window > kMaxWindow)
+    return std::nullopt;
+  h.params.op = static_cast<PerfOp>(op);
+  h.params.mode = static_cast<PerfMode>(mode);
+  return h;
+}
+
+struct Grant {
+  std::uint64_t addr = 0;
+  std::uint32_t rkey = 0;
+  std::uint32_t recv_depth = 0;
+};
+
+std::vector<std::uint8_t> encode_grant(const Grant& g) {
+  ByteWriter w;
+  w.u32(kAcceptMagic).u64(g.addr).u32(g.rkey).u32(g.recv_depth);
+  return std::move(w.bytes());
+}
+
+std::optional<Grant> decode_grant(std::span<const std::uint8_t> bytes) {
+  ByteReader r(bytes);
+  if (r.u32() != kAcceptMagic) return std::nullopt;
+  Grant g;
+  g.addr = r.u64();
+  g.rkey = r.u32();
+  g.recv_depth = r.u32();
+  if (!r.ok()) return std::nullopt;
+  return g;
+}
+
+EndpointConfig perf_config(const PerfParams& p) {
+  EndpointConfig c;
+  c.caps.max_send_wr = std::max<std::uint32_t>(p.window, 16) + 64;
+  c.caps.max_recv_wr = kRecvDepth + kCtrlSlots + 16;
+  c.cq_capacity = c.caps.max_send_wr + c.caps.max_recv_wr + 64;
+  c.sig_all = false;
+  c.event_driven = false;  // busy polling, as perftest does
+  return c;
+}
+
+bool is_send(const WorkCompletion& wc) { return wc.opcode != WcOpcode::recv; }
+
+// The buffers of one side. `rx` takes Sends (slot of max(size, 16) bytes), remote writes
+// and read responses, and is the source of remote reads; `ctrl_rx` has kCtrlSlots slots.
+struct Buffers {
+  Buffers(Endpoint& ep, const PerfParams& p)
+      : cap(std::max<std::size_t>(p.size, kControlSize)),
+        tx(ep.add_buffer(cap)),
+        rx(ep.add_buffer(cap, kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead)),
+        ctrl_tx(ep.add_buffer(kControlSize)),
+        ctrl_rx(ep.add_buffer(kControlSize * kCtrlSlots)) {}
+  std::size_t cap;
+  Buffer& tx;
+  Buffer& rx;
+  Buffer& ctrl_tx;
+  Buffer& ctrl_rx;
+};
+
+void post_ctrl_recv(Endpoint& ep, Buffers& b, std::uint32_t slot) {
+  ep.post_recv(b.ctrl_rx, slot * kControlSize, kControlSize, kCtrlWr + slot);
+}
+
+// The control message a receive completion carries (from its control slot, or from rx).
+Control control_of(Buffers& b, const WorkCompletion& wc) {
+  if (wc.byte_len != kControlSize) return Control{};
+  if (wc.wr_id >= kCtrlWr) {
+    const std::size_t slot = static_cast<std::size_t>(wc.wr_id - kCtrlWr);
+    return decode_control(std::span(b.ctrl_rx.data() + slot * kControlSize, kControlSize));
+  }
+  return decode_control(std::span(b.rx.data(), kControlSize));
+}
+
+void send_control(Endpoint& ep, Buffers& b, PerfControl kind, std::uint32_t value = 0) {
+  encode_control(Control{.kind = kind, .value = value}, b.ctrl_tx.span());
+  ep.post_send(b.ctrl_tx, 0, kControlSize, kCtrlWr, kSendSignaled);
+}
+
+// Busy-polls a batch; throws after `timeout` without any completion.
+class Poller {
+ public:
+  explicit Poller(Endpoint& ep, std::chrono::milliseconds timeout = kWaitTimeout) : ep_(ep), timeout_(timeout) {}
+  std::span<const WorkCompletion> poll() {
+    const std::size_t n = ep_.poll(batch_);
+    if (n > 0) {
+      last_ = Clock::now();
+      idle_ = 0;
+    } else if (++idle_ % 64 == 0) {
+      const auto idle = Clock::now() - last_;
+      if (idle > timeout_)
+        throw ToolError(fmt::format("no completion for {} ms (QP state {})", timeout_.count(),
+                                    to_string(ep_.qp().state())));
+      if (ep_.should_yield(last_, Clock::now())) std::this_thread::yield();
+    }
+    return std::span(batch_, n);
+  }
+
+ private:
+  Endpoint& ep_;
+  std::chrono::milliseconds timeout_;
+  WorkCompletion batch_[32];
+  Clock::time_point last_ = Clock::now();
+  unsigned idle_ = 0;
+};
+
+// Client: sends "fin" and waits for "done", handling late credits.
+void client_finish(Endpoint& ep, Buffers& b) {
+  send_control(ep, b, kFin);
+  Poller poller(ep);
+  for (;;) {
+    for (const WorkCompletion& wc : poller.poll()) {
+      if (is_send(wc)) continue;
+      const Control c = control_of(b, wc);
+      if (c.kind == kDone) return;
+      if (wc.wr_id >= kCtrlWr) post_ctrl_recv(ep, b, static_cast<std::uint32_t>(wc.wr_id - kCtrlWr));
+    }
+  }
+}
+
+// Server: waits for "fin" (the client is done with our memory), answers "done".
+void server_finish(Endpoint& ep, Buffers& b) {
+  Poller poller(ep, kRunTimeout);
+  for (;;) {
+    for (const WorkCompletion& wc : poller.poll()) {
+      if (is_send(wc)) continue;
+      if (control_of(b, wc).kind == kFin) {
+        send_control(ep, b, kDone);
+        return;
+      }
+    }
+  }
+}
+
+std::uint8_t marker(std::uint64_t i) { return static_cast<std::uint8_t>(i % 255 + 1); }
+
+std::uint8_t last_byte(Buffer& buffer, std::size_t size) {
+  return std::atomic_ref<std::uint8_t>(buffer.data()[size - 1]).load(std::memory_order_acquire);
+}
+
+// Spins until the last byte of rx is `want`, draining completions meanwhile.
+void wait_marker(Endpoint& ep, Buffer& rx, std::size_t size, std::uint8_t want) {
+  Poller poller(ep);
+  while (last_byte(rx, size) != want) poller.poll();
+}
+
+// --- client (active side) ---
+
+Measurement client_lat(Endpoint& ep, Buffers& b, const PerfParams& p, const Grant& g) {
+  Measurement m;
+  m.samples.reserve(p.iters);
+  const std::uint64_t n = p.warmup + p.iters;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const auto t0 = Clock::now();
+    switch (p.op) {
+      case PerfOp::send:
+        ep.post_send(b.tx, 0, p.size, i, kSendSignaled);
+        ep.wait_for(WcOpcode::recv, [](const WorkCompletion&) {});
+        ep.post_recv(b.rx, 0, b.cap, i);
+        break;
+      case PerfOp::write:
+        b.tx.data()[p.size - 1] = marker(i);
+        ep.post_write(b.tx, 0, p.size, g.addr, g.rkey, i, kSendSignaled);
+        wait_marker(ep, b.rx, p.size, marker(i));
+        break;
+      case PerfOp::read:
+        ep.post_read(b.rx, 0, p.size, g.addr, g.rkey, i, kSendSignaled);
+        ep.wait_for(WcOpcode::rdma_read, [](const WorkCompletion&) {});
+        break;
+    }
+    const double us = micros(Clock::now() - t0);
+    if (i >= p.warmup) m.samples.push_back(p.op == PerfOp::read ? us : us / 2);
+  }
+  return m;
+}
+
+Measurement client_bw(Endpoint& ep, Buffers& b, const PerfParams& p, const Grant& g) {
+  Measurement m;
+  const std::uint64_t total = p.iters;
+  std::uint64_t posted = 0, retired = 0;
+  std::uint64_t credits = p.op == PerfOp::send ? g.recv_depth : ~std::uint64_t{0};
+  Poller poller(ep);
+  const auto t0 = Clock::now();
+  while (retired < total) {
+    while (posted < total && credits > 0 && posted - retired < p.window) {
+      const std::uint64_t id = ++posted;
+      const std::uint32_t flags = (id % kSignalEvery == 0 || id == total) ? std::uint32_t{kSendSignaled} : 0u;
+      switch (p.op) {
+        case PerfOp::send:
+          ep.post_send(b.tx, 0, p.size, id, flags);
+          --credits;
+          break;
+        case PerfOp::write: ep.post_write(b.tx, 0, p.size, g.addr, g.rkey, id, flags); break;
+        case PerfOp::read: ep.post_read(b.rx, 0, p.size, g.addr, g.rkey, id, flags); break;
+      }
+    }
+    for (const WorkCompletion& wc : poller.poll()) {
+      if (is_send(wc)) {
+        if (wc.wr_id < kCtrlWr) retired = std::max(retired, wc.wr_id);
+        continue;
+      }
+      const Control c = control_of(b, wc);
+      if (c.kind == kCredit) credits += c.value;
+      post_ctrl_recv(ep, b, static_cast<std::uint32_t>(wc.wr_id - kCtrlWr));
+    }
+  }
+  if (p.op == PerfOp::read) {
+    m.seconds = std::chrono::duration<double>(Clock::now() - t0).count();  // every byte is here
+    client_finish(ep, b);
+  } else {
+    // Sends and writes have left; the data is all at the server once it answers "fin".
+    while (p.op == PerfOp::send && credits == 0) {
+      for (const WorkCompletion& wc : poller.poll()) {
+        if (is_send(wc)) continue;
+        const Control c = control_of(b, wc);
+        if (c.kind == kCredit) credits += c.value;
+        post_ctrl_recv(ep, b, static_cast<std::uint32_t>(wc.wr_id - kCtrlWr));
+      }
+    }
+    client_finish(ep, b);
+    m.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  m.bytes = total * p.size;
+  return m;
+}
+
+Measurement run_peercm_client(Device& device, const sockaddr_in& destination, std::optional<std::int64_t> crc,
+                              const PerfParams& p) {
+  Endpoint ep(device, resolve(device, destination, crc), perf_config(p));
+  Buffers b(ep, p);
+  if (p.mode == PerfMode::lat && p.op == PerfOp::send) {
+    ep.post_recv(b.rx, 0, b.cap, 0);
+    ep.post_recv(b.rx, 0, b.cap, 1);
+  } else {
+    const std::uint32_t slots = p.op == PerfOp::send ? kCtrlSlots : 1;
+    for (std::uint32_t s = 0; s < slots; ++s) post_ctrl_recv(ep, b, s);
+  }
+  ConnParam param;
+  param.private_data = encode_hello(Hello{.params = p, .addr = b.rx.address(), .rkey = b.rx.rkey()});
+  const auto grant = decode_grant(ep.connect(param).private_data);
+  if (!grant) throw ToolError("the server's accept carries no valid buffer grant");
+  Measurement m = p.mode == PerfMode::lat ? client_lat(ep, b, p, *grant) : client_bw(ep, b, p, *grant);
+  if (p.mode == PerfMode::lat) client_finish(ep, b);
+  ep.close();
+  return m;
+}
+
+// --- server (passive side) ---
+
+void server_lat(Endpoint& ep, Buffers& b, const PerfParams& p, const Hello& h) {
+  const std::uint64_t n = p.warmup + p.iters;
+  switch (p.op) {
+    case PerfOp::send:
+      for (std::uint64_t i = 0; i < n; ++i) {
+        ep.wait_for(WcOpcode::recv, [](const WorkCompletion&) {});
+        ep.post_recv(b.rx, 0, b.cap, i);
+        ep.post_send(b.tx, 0, p.size, i, kSendSignaled);
+      }
+      break;
+    case PerfOp::write:
+      for (std::uint64_t i = 0; i < n; ++i) {
+        wait_marker(ep, b.rx, p.size, marker(i));
+        b.tx.data()[p.size - 1] = marker(i);
+        ep.post_write(b.tx, 0, p.size, h.addr, h.rkey, i, kSendSignaled);
+      }
+      break;
+    case PerfOp::read: break;  // the client reads our memory
+  }
+  server_finish(ep, b);
+}
+
+void server_bw_send(Endpoint& ep, Buffers& b, const PerfParams& p) {
+  std::uint64_t received = 0;
+  std::uint32_t since_credit = 0;
+  Poller poller(ep);
+  while (received < p.iters) {
+    for (const WorkCompletion& wc : poller.poll()) {
+      if (is_send(wc)) continue;
+      ++received;
+      ep.post_recv(b.rx, 0, b.cap, received);
+      if (received > p.iters) {  // the fin, in the same batch as the last messages
+        send_control(ep, b, kDone);
+        return;
+      }
+      if (++since_credit == kCreditBatch && received < p.iters) {
+        send_control(ep, b, kCredit, since_credit);
+        since_credit = 0;
+      }
+    }
+  }
+  server_finish(ep, b);
+}
+
+// Serves one perf client on an accepted request: returns the client's parameters.
+PerfParams serve_peercm(Device& device, EventStash& stash, CmEvent request) {
+  const auto hello = decode_hello(request.param.private_data);
+  std::unique_ptr<CmId> id = std::move(request.new_id);
+  if (!hello) {
+    [[maybe_unused]] auto r = id->reject();
+    throw ToolError(fmt::format("rejected {}: malformed perf request", format_address(id->peer_address())));
+  }
+  const PerfParams& p = hello->params;
+  Endpoint ep(device, std::move(id), perf_config(p), &stash);
+  Buffers b(ep, p);
+  std::uint32_t recv_depth = 0;
+  if (p.op == PerfOp::send) {
+    recv_depth = p.mode == PerfMode::lat ? 2 : kRecvDepth;
+    for (std::uint32_t i = 0; i < recv_depth; ++i) ep.post_recv(b.rx, 0, b.cap, i);
+  } else {
+    post_ctrl_recv(ep, b, 0);
+  }
+  ConnParam param;
+  param.private_data = encode_grant(Grant{.addr = b.rx.address(), .rkey = b.rx.rkey(), .recv_depth = recv_depth});
+  ep.accept(param);
+  if (p.mode == PerfMode::lat) {
+    server_lat(ep, b, p, *hello);
+  } else if (p.op == PerfOp::send) {
+    server_bw_send(ep, b, p);
+  } else {
+    server_finish(ep, b);
+  }
+  // The client closes after "done"; then our memory may go.
+  ep.wait_event({CmEventType::disconnected});
+  ep.close();
+  return p;
+}
+
+// One client: the peercm run, then the TCP baseline on `tcp_listener`.
+PerfParams serve_one(Device& device, EventStash& stash, Socket& tcp_listener, std::chrono::milliseconds wait) {
+  auto request = next_request(device, stash, wait);
+  if (!request) throw ToolError("no client connected");
+  const PerfParams p = serve_peercm(device, stash, std::move(*request));
+  Socket tcp = tcp_accept(tcp_listener);
+  tcp_server(tcp, p);
+  return p;
+}
+
+struct Results {
+  Measurement peercm;
+  Measurement tcp;
+};
+
+Results run_client_side(Device& device, const sockaddr_in& peercm_dst, const sockaddr_in& tcp_dst,
+                        std::optional<std::int64_t> crc, const PerfParams& p) {
+  Results r;
+  r.peercm = run_peercm_client(device, peercm_dst, crc, p);
+  Socket tcp = tcp_connect(tcp_dst);
+  r.tcp = tcp_client(tcp, p);
+  return r;
+}
+
+// --- options and output ---
+
+struct PerfOptions {
+  bool loopback = false;
+  bool server = false;
+  std::string client;
+  std::string bind;
+  std::uint16_t port = kDefaultPort;
+  bool once = false;
+  std::string op = "send";
+  std::string mode = "lat";
+  std::uint32_t size = 8;
+  std::uint64_t iters = 0;
+  std::int64_t warmup = -1;
+  std::uint32_t window = 64;
+  std::string crc;
+  std::string progress = "thread";
+  bool json = false;
+};
+
+PerfParams params_from(const PerfOptions& o) {
+  PerfParams p;
+  p.op = o.op == "write" ? PerfOp::write : o.op == "read" ? PerfOp::read : PerfOp::send;
+  p.mode = o.mode == "bw" ? PerfMode::bw : PerfMode::lat;
+  p.size = o.size;
+  p.window = o.window;
+  p.iters = o.iters;
+  if (p.iters == 0) {
+    if (p.mode == PerfMode::lat) {
+      // 1000 round trips, fewer for large messages (at least 100, about 64 MiB each way).
+      p.iters = p.size <= (64u << 10) ? 1000 : std::max<std::uint64_t>(100, (64ull << 20) / p.size);
+    } else {
+      // Roughly 1 s on loopback: 1 GiB (1024 messages of 1 MiB), at least 256 messages,
+      // at most 100000 (small messages are bound by per-message costs).
+      p.iters = std::clamp<std::uint64_t>((1ull << 30) / p.size, 256, 100000);
+    }
+  }
+  p.warmup = o.warmup >= 0 ? static_cast<std::uint32_t>(o.warmup)
+                           : static_cast<std::uint32_t>(std::min<std::uint64_t>(100, p.iters / 10));
+  if (p.mode == PerfMode::bw) p.warmup = 0;
+  return p;
+}
+
+nlohmann::json detail_json(const PerfParams& p, const Measurement& m) {
+  if (p.mode == PerfMode::lat) {
+    const Summary s = summarize(m.samples);
+    return {{"median", s.median}, {"average", s.average}, {"min", s.min}, {"max", s.max}, {"p99", s.p99}};
+  }
+  return {{"bytes", m.bytes}, {"seconds", m.seconds}};
+}
+
+void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) {
+  const double peercm = headline(p, r.peercm);
+  const double tcp = headline(p, r.tcp);
+  const double ratio = tcp > 0 ? peercm / tcp : 0.0;
+  const std::string crc = o.crc.empty() ? "default" : o.crc;
+  const char* unit = p.mode == PerfMode::lat ? "us" : "MB/s";
+  if (o.json) {
+    nlohmann::json out{{"op", to_string(p.op)},
+                       {"mode", to_string(p.mode)},
+                       {"size", p.size},
+                       {"iters", p.iters},
+                       {"unit", unit},
+                       {"peercm", peercm},
+                       {"tcp", tcp},
+                       {"ratio", ratio},
+                       {"progress", o.progress},
+                       {"crc", crc},
+                       {"peercm_detail", detail_json(p, r.peercm)},
+                       {"tcp_detail", detail_json(p, r.tcp)}};
+    if (p.mode == PerfMode::lat) {
+      out["warmup"] = p.warmup;
+      out["statistic"] = p.op == PerfOp::read ? "median completion time" : "median one-way (RTT/2)";
+    } else {
+      out["window"] = p.window;
+    }
+    fmt::print("{}\n", out.dump());
+    return;
+  }
+  if (p.mode == PerfMode::lat) {
+    fmt::print("peercm perf: {} lat, {} B, {} iterations (+{} warm-up), progress {}, crc {}\n", to_string(p.op),
+               p.size, p.iters, p.warmup, o.progress, crc);
+    fmt::print("  {} latency, us\n", p.op == PerfOp::read ? "RDMA Read completion" : "one-way (RTT/2)");
+    fmt::print("  {:<18} {:>10} {:>10} {:>10} {:>10}\n", "", "median", "average", "min", "p99");
+    for (auto [name, m] : {std::pair{"peercm", &r.peercm}, std::pair{"tcp", &r.tcp}}) {
+      const Summary s = summarize(m->samples);
+      fmt::print("  {:<18} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", name, s.median, s.average, s.min, s.p99);
+    }
+    fmt::print("  {:<18} {:>10.2f}\n", "ratio peercm/tcp", ratio);
+  } else {
+    fmt::print("peercm perf: {} bw, {} B x {} ({:.1f} MB), window {}, progress {}, crc {}\n", to_string(p.op), p.size,
+               p.iters, static_cast<double>(p.size) * static_cast<double>(p.iters) / 1e6, p.window, o.progress, crc);
+    fmt::print("  {:<18} {:>10.1f} MB/s ({:.3f} s)\n", "peercm", peercm, r.peercm.seconds);
+    fmt::print("  {:<18} {:>10.1f} MB/s ({:.3f} s)\n", "tcp", tcp, r.tcp.seconds);
+    fmt::print("  {:<18} {:>10.2f}\n", "ratio peercm/tcp", ratio);
+  }
+}
+
+int run_loopback(const PerfOptions& o) {
+  const PerfParams p = params_from(o);
+  const auto crc = crc_option(o.crc);
+  const ProgressMode mode = progress_option(o.progress);
+  Device server_device(mode);
+  Device client_device(mode);
+  const std::uint16_t port = o.loopback && o.port != kDefaultPort ? o.port : 0;
+  auto listener = listen_on(server_device, *parse_address("127.0.0.1", port), crc);
+  Socket tcp_listener = tcp_listen(*parse_address("127.0.0.1", port ? static_cast<std::uint16_t>(port + 1) : 0));
+  const sockaddr_in peercm_dst = *parse_address("127.0.0.1", ntohs(listener->local_address().sin_port));
+  const sockaddr_in tcp_dst = *parse_address("127.0.0.1", local_port(tcp_listener));
+
+  std::string server_error;
+  std::thread server([&] {
+    try {
+      EventStash stash;
+      serve_one(server_device, stash, tcp_listener, kWaitTimeout);
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  std::string client_error;
+  Results results;
+  try {
+    results = run_client_side(client_device, peercm_dst, tcp_dst, crc, p);
+  } catch (const std::exception& e) {
+    client_error = e.what();
+  }
+  server.join();
+  if (!client_error.empty()) fmt::print(stderr, "peercm perf: error: {}\n", client_error);
+  if (!server_error.empty()) fmt::print(stderr, "peercm perf: server error: {}\n", server_error);
+  if (!client_error.empty() || !server_error.empty()) return 1;
+  print_results(o, p, results);
+  return 0;
+}
+
+int run_client(const PerfOptions& o) {
+  const PerfParams p = params_from(o);
+  const auto peercm_dst = parse_address(o.client, o.port);
+  const auto tcp_dst = parse_address(o.client, static_cast<std::uint16_t>(o.port + 1));
+  if (!peercm_dst || !tcp_dst) throw ToolError(fmt::format("cannot resolve '{}'", o.client));
+  Device device(progress_option(o.progress));
+  const Results results = run_client_side(device, *peercm_dst, *tcp_dst, crc_option(o.crc), p);
+  print_results(o, p, results);
+  return 0;
+}
+
+int run_server(const PerfOptions& o) {
+  const auto address = parse_address(o.bind, o.port);
+  if (!address) throw ToolError(fmt::format("cannot resolve bind address '{}'", o.bind));
+  Device device(progress_option(o.progress));
+  auto listener = listen_on(device, *address, crc_option(o.crc));
+  sockaddr_in tcp_address = *address;
+  tcp_address.sin_port = htons(static_cast<std::uint16_t>(ntohs(listener->local_address().sin_port) + 1));
+  Socket tcp_listener = tcp_listen(tcp_address);
+  fmt::print(stderr, "peercm perf: listening on {} (tcp baseline on port {})\n",
+             format_address(listener->local_address()), local_port(tcp_listener));
+  std::fflush(stderr);
+  EventStash stash;
+  int status = 0;
+  for (;;) {
+    try {
+      const PerfParams p = serve_one(device, stash, tcp_listener, std::chrono::milliseconds(-1));
+      if (!o.json)
+        fmt::print("served: {} {} size {} iters {}\n", to_string(p.op), to_string(p.mode), p.size, p.iters);
+      std::fflush(stdout);
+    } catch (const ToolError& e) {
+      fmt::print(stderr, "peercm perf server: error: {}\n", e.what());
+      status = 1;
+    }
+    if (o.once) break;
+  }
+  return status;
+}
+
+}  // namespace
+
+void add_perf(CLI::App& app) {
+  auto o = std::make_shared<PerfOptions>();
+  auto* cmd = app.add_subcommand("perf", "Latency and bandwidth of send/write/read, side by side with plain TCP");
+  cmd->option_defaults()->always_capture_default();
+  auto* loopback = cmd->add_flag("--loopback", o->loopback, "Run both ends in this process over 127.0.0.1");
+  auto* server = cmd->add_flag("--server", o->server, "Run the server end (the TCP baseline listens on port+1)");
+  auto* client = cmd->add_option("--client", o->client, "Run the client end against ADDR")->type_name("ADDR");
+  loopback->excludes(server)->excludes(client);
+  server->excludes(client);
+  cmd->add_option("--bind", o->bind, "Server: address to listen on (default: all)")->type_name("ADDR");
+  cmd->add_option("--port", o->port, "Port of the peercm listener (the TCP baseline uses port+1)");
+  cmd->add_flag("--once", o->once, "Server: exit after one client");
+  cmd->add_option("--op", o->op, "Operation")->check(CLI::IsMember({"send", "write", "read"}));
+  cmd->add_option("--mode", o->mode, "lat (latency) or bw (bandwidth)")->check(CLI::IsMember({"lat", "bw"}));
+  cmd->add_option("--size", o->size, "Message size in bytes")->check(CLI::Range(1u, kMaxSize));
+  cmd->add_option("--iters", o->iters, "Iterations (lat) or messages (bw); 0: automatic");
+  cmd->add_option("--warmup", o->warmup, "lat: warm-up iterations (-1: min(100, iters/10))");
+  cmd->add_option("--window", o->window, "bw: outstanding work requests")->check(CLI::Range(1u, kMaxWindow));
+  cmd->add_option("--crc", o->crc, "MPA CRC: on (required) or off (default: the library's preference)")
+      ->check(CLI::IsMember({"on", "off"}));
+  cmd->add_option("--progress", o->progress, "Progress mode of the peercm contexts")
+      ->check(CLI::IsMember({"thread", "inline"}));
+  cmd->add_flag("--json", o->json, "Print the result as JSON");
+  cmd->callback([o] {
+    if (!o->loopback && !o->server && o->client.empty())
+      throw CLI::ValidationError("perf", "give --loopback, --server or --client ADDR");
+    try {
+      exit_status = o->loopback ? run_loopback(*o) : o->server ? run_server(*o) : run_client(*o);
+    } catch (const ToolError& e) {
+      fmt::print(stderr, "peercm perf: error: {}\n", e.what());
+      exit_status = 1;
+    }
+  });
+}
+
+}  // namespace peercm::tool

@@ -1,0 +1,16 @@
+// Each subcommand of the `peercm` tool registers itself on the CLI11 app and returns the
+// exit status through the callback it installs.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace peercm::tool {
+
+// Set by a subcommand's callback; main() returns it.
+inline int exit_status = 0;
+
+void add_selfcheck(CLI::App& app);
+void add_ping(CLI::App& app);
+void add_perf(CLI::App& app);
+
+}  // namespace peercm::tool
