@@ -155,7 +155,10 @@ void Connection::on_connected() {
 }
 
 void Connection::receive() {
-  if (rx_buffer_.empty()) rx_buffer_.resize(kReceiveBufferSize);
+  // One receive buffer per context (every connection is served under its lock): an idle
+  // connection owns no buffer.
+  std::vector<std::uint8_t>& rx_buffer = ctx_->receive_scratch;
+  if (rx_buffer.empty()) rx_buffer.resize(kReceiveBufferSize);
   // Bounded so one busy connection cannot starve the others of the reactor.
   for (int round = 0; round < 16 && fd_ >= 0; ++round) {
     if (phase_ == Phase::running && qp_) {
@@ -183,10 +186,10 @@ void Connection::receive() {
     }
     // Large payloads come straight into their target (zero copy): while they flow, read
     // only a little past each header so the payload is not pulled into this buffer.
-    const std::size_t want = header_sized_reads_ ? kHeaderReadSize : rx_buffer_.size();
-    const ssize_t n = ::recv(fd_, rx_buffer_.data(), want, MSG_DONTWAIT);
+    const std::size_t want = header_sized_reads_ ? kHeaderReadSize : rx_buffer.size();
+    const ssize_t n = ::recv(fd_, rx_buffer.data(), want, MSG_DONTWAIT);
     if (n > 0) {
-      const std::span<const std::uint8_t> bytes(rx_buffer_.data(), static_cast<std::size_t>(n));
+      const std::span<const std::uint8_t> bytes(rx_buffer.data(), static_cast<std::size_t>(n));
       if (phase_ == Phase::mpa) {
         receive_mpa(bytes);
       } else if (phase_ == Phase::running || phase_ == Phase::closing) {

@@ -90,7 +90,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::uint8_t> request_private_data_;
   std::shared_ptr<QueuePairImpl> qp_;
   std::vector<std::uint8_t> early_bytes_;  // FPDU bytes that arrived before the QP started
-  std::vector<std::uint8_t> rx_buffer_;
   std::optional<engine::Reactor::TimerId> mpa_timer_;
   bool want_write_ = false;
   bool header_sized_reads_ = false;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "core/memory_table.hpp"
 #include "engine/reactor.hpp"
@@ -31,6 +32,7 @@ struct ContextImpl {
   std::uint64_t incarnation;
   ProgressMode mode;
   CmStats stats;
+  std::vector<std::uint8_t> receive_scratch;  // shared by the context's connections
   std::uint32_t pd_counter = 0;
   std::uint32_t qp_counter = 0;
   std::uint32_t cmid_counter = 0;

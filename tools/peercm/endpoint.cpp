@@ -204,7 +204,8 @@ Endpoint::Endpoint(Device& device, std::unique_ptr<CmId> id, const EndpointConfi
     : device_(device),
       stash_(stash),
       event_driven_(config.event_driven),
-      yield_early_(device.context->progress_mode() == ProgressMode::thread),
+      spin_(device.context->progress_mode() == ProgressMode::thread ? std::chrono::microseconds(0)
+                                                                     : kSpinBeforeYield),
       id_(std::move(id)) {
   auto pd = ProtectionDomain::allocate(*device.context);
   if (!pd) throw_errc("ProtectionDomain::allocate", pd.error());

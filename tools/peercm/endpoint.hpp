@@ -201,15 +201,15 @@ class Endpoint {
   CompletionQueue& cq() { return *cq_; }
   // Whether an idle busy poll that started at `start` should yield the CPU now (called
   // every few dozen empty polls).
-  bool should_yield(Clock::time_point start, Clock::time_point now) const {
-    return yield_early_ || now - start > kSpinBeforeYield;
-  }
+  bool should_yield(Clock::time_point start, Clock::time_point now) const { return now - start >= spin_; }
+  // How long an idle busy poll spins before it starts yielding (default: see kSpinBeforeYield).
+  void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
 
  private:
   Device& device_;
   EventStash* stash_;
   bool event_driven_;
-  bool yield_early_;
+  std::chrono::microseconds spin_;
   std::unique_ptr<ProtectionDomain> pd_;
   std::unique_ptr<CompletionChannel> comp_channel_;
   std::unique_ptr<CompletionQueue> cq_;

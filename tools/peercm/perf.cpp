@@ -68,6 +68,13 @@ constexpr std::chrono::milliseconds kRunTimeout{600000};
 
 enum PerfControl : std::uint32_t { kFin = 1, kDone = 2, kCredit = 3 };
 
+// --spin-us: how long idle busy polls spin before yielding (both ends of this process).
+std::optional<std::chrono::microseconds> g_spin;
+
+void apply_spin(Endpoint& ep) {
+  if (g_spin) ep.set_spin(*g_spin);
+}
+
 double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
 struct Hello {
@@ -278,12 +285,14 @@ Measurement client_bw(Endpoint& ep, Buffers& b, const PerfParams& p, const Grant
   const std::uint64_t total = p.iters;
   std::uint64_t posted = 0, retired = 0;
   std::uint64_t credits = p.op == PerfOp::send ? g.recv_depth : ~std::uint64_t{0};
+  // Every `signal_every`-th work request is signaled; at least one of a full window is.
+  const std::uint32_t signal_every = std::min(kSignalEvery, p.window);
   Poller poller(ep);
   const auto t0 = Clock::now();
   while (retired < total) {
     while (posted < total && credits > 0 && posted - retired < p.window) {
       const std::uint64_t id = ++posted;
-      const std::uint32_t flags = (id % kSignalEvery == 0 || id == total) ? std::uint32_t{kSendSignaled} : 0u;
+      const std::uint32_t flags = (id % signal_every == 0 || id == total) ? std::uint32_t{kSendSignaled} : 0u;
       switch (p.op) {
         case PerfOp::send:
           ep.post_send(b.tx, 0, p.size, id, flags);
@@ -326,6 +335,7 @@ Measurement client_bw(Endpoint& ep, Buffers& b, const PerfParams& p, const Grant
 Measurement run_peercm_client(Device& device, const sockaddr_in& destination, std::optional<std::int64_t> crc,
                               const PerfParams& p) {
   Endpoint ep(device, resolve(device, destination, crc), perf_config(p));
+  apply_spin(ep);
   Buffers b(ep, p);
   if (p.mode == PerfMode::lat && p.op == PerfOp::send) {
     ep.post_recv(b.rx, 0, b.cap, 0);
@@ -400,6 +410,7 @@ PerfParams serve_peercm(Device& device, EventStash& stash, CmEvent request) {
   }
   const PerfParams& p = hello->params;
   Endpoint ep(device, std::move(id), perf_config(p), &stash);
+  apply_spin(ep);
   Buffers b(ep, p);
   std::uint32_t recv_depth = 0;
   if (p.op == PerfOp::send) {
@@ -465,6 +476,7 @@ struct PerfOptions {
   std::uint32_t window = 64;
   std::string crc;
   std::string progress = "thread";
+  std::int64_t spin_us = -1;
   bool json = false;
 };
 
@@ -645,8 +657,12 @@ void add_perf(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--progress", o->progress, "Progress mode of the peercm contexts")
       ->check(CLI::IsMember({"thread", "inline"}));
+  cmd->add_option("--spin-us", o->spin_us,
+                  "Idle busy polls spin this long before yielding the CPU (-1: 0 with progress threads, "
+                  "50 inline)");
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   cmd->callback([o] {
+    if (o->spin_us >= 0) g_spin = std::chrono::microseconds(o->spin_us);
     if (!o->loopback && !o->server && o->client.empty())
       throw CLI::ValidationError("perf", "give --loopback, --server or --client ADDR");
     try {

@@ -292,6 +292,7 @@ int run_server(const PingOptions& opts) {
 struct ClientResult {
   std::uint32_t verified = 0;
   std::uint32_t errors = 0;
+  std::optional<Clock::time_point> start;  // of the first iteration
   std::int64_t elapsed_us = 0;
   std::string error;  // a fatal error, if any
 };
@@ -318,6 +319,7 @@ void run_client_iterations(const PingOptions& opts, Op op, ClientResult& result)
   if (!grant || grant->size != size) throw ToolError("the server's accept carries no valid buffer grant");
 
   const auto start = Clock::now();
+  result.start = start;
   for (std::uint32_t i = 0; i < opts.count; ++i) {
     switch (op) {
       case Op::send: {
@@ -381,6 +383,8 @@ int run_client(const PingOptions& opts) {
     run_client_iterations(opts, op, result);
   } catch (const ToolError& e) {
     result.error = e.what();
+    if (result.start)
+      result.elapsed_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - *result.start).count();
   }
   const std::uint32_t unfinished = opts.count - result.verified - result.errors;
   const std::uint32_t errors = result.errors + unfinished + (result.error.empty() || unfinished ? 0u : 1u);

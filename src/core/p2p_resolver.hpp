@@ -1,0 +1,184 @@
+// The peer-to-peer collision resolver (design.md §3, normative) as a sans-IO core: application
+// calls, connection events and time in; polled actions and one deadline out. It knows attempts,
+// peers, tags and node identities — never MPA, TCP or the IB CM — so the same object serves every
+// transport binding (design.md §2 principle 5). The driver names connections (LinkId) and does
+// what each P2pAction says; the resolver keeps one small record per p2p key and forgets a link
+// once it closed and an attempt once it ended.
+#pragma once
+
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/time.hpp"
+#include "peercm/result.hpp"
+
+namespace peercm::core {
+
+// design.md §3 rule 2: (peer address, advertised listening port, tag). For an outgoing attempt
+// the address and port are the destination; for a request, the TCP source address and the
+// listening port the initiator advertises in its CM header.
+struct P2pKey {
+  std::uint32_t address = 0;
+  std::uint16_t port = 0;
+  std::uint32_t tag = 0;
+  friend auto operator<=>(const P2pKey&, const P2pKey&) = default;
+};
+
+// design.md §3 vocabulary: the node GUID (random at open unless set) and the incarnation (random
+// at every open; a new one means the peer restarted).
+struct NodeIdentity {
+  std::uint64_t guid = 0;
+  std::uint64_t incarnation = 0;
+  friend bool operator==(const NodeIdentity&, const NodeIdentity&) = default;
+};
+
+// The local CmId number of an outgoing attempt: the collision tie-breaker after the GUID (the
+// QPN over the IB CM). Numbers grow within one incarnation (a per-context counter shared by
+// every CmId, a fresh one per connect): rule 6 tells a late copy of an older request from a
+// newer attempt by comparing them.
+using AttemptId = std::uint32_t;
+// A transport connection, named by the driver; never reused, never 0.
+using LinkId = std::uint64_t;
+
+enum class P2pRejectReason : std::uint8_t { collision = 1, duplicate = 2 };
+
+struct P2pAction {
+  enum class Kind : std::uint8_t {
+    // rule 4: give the request on `link` to the application (CONNECT_REQUEST on the listener).
+    deliver_request,
+    // rules 3/6: answer the request on `link` with a reject carrying `reason`, then close it.
+    reject_request,
+    // rule 3 passive: close `attempt`'s current link silently (`aborted_link`, 0 when it has
+    // none any more), accept the request on `link` on behalf of `attempt` (its CmId and QP move
+    // to `link`); the app sees ESTABLISHED on that CmId once `link` establishes.
+    accept_into_attempt,
+    // rule 6: a restarted (or re-connecting) peer replaces `link`: tear it down (DISCONNECTED
+    // on its CmId when it was established).
+    teardown_link,
+    // rule 8: `attempt` ends with CONNECT_ERROR (deadline passed); close `link` if not 0 (the
+    // attempt's own link, or the request link it was bound to).
+    attempt_failed,
+  };
+  Kind kind = Kind::deliver_request;
+  P2pKey key;
+  LinkId link = 0;
+  LinkId aborted_link = 0;
+  AttemptId attempt = 0;
+  P2pRejectReason reason = P2pRejectReason::collision;
+};
+
+struct P2pStats {
+  std::uint64_t collisions_won = 0;      // attempts that established after rejecting a peer's colliding request
+  std::uint64_t collisions_lost = 0;     // accept_into_attempt: an attempt bound to the peer's request
+  std::uint64_t rejected_collision = 0;  // requests answered with reject(collision)
+  std::uint64_t rejected_duplicate = 0;  // requests answered with reject(duplicate)
+  std::uint64_t replaced_restarted = 0;  // links replaced by a request with a new incarnation
+  std::uint64_t delivered = 0;           // requests delivered to the application
+  std::uint64_t attempts_timed_out = 0;  // attempt_failed
+  std::uint64_t replaced_stale = 0;      // links replaced by a newer attempt of the same incarnation
+};
+
+class P2pResolver {
+ public:
+  explicit P2pResolver(NodeIdentity local);
+
+  // --- inputs: the application ---
+  // App connect on `key` (rule 5): EISCONN if K has an established link; EALREADY if a
+  // delivered request for K is undecided (or accepted, not yet established) or another attempt
+  // for K is pending. `attempt_link` is the link the attempt's own request travels on. The
+  // attempt ends (established / failed) by `deadline`. EINVAL for an attempt id or link that is
+  // already in use, or link 0.
+  Status<std::errc> connect(const P2pKey& key, AttemptId attempt, LinkId attempt_link, Time deadline);
+
+  // --- inputs: the connection manager / transport ---
+  // An incoming p2p request on `link` for `key` from `peer`, whose attempt id is
+  // `peer_attempt` (rules 3, 4, 6).
+  void handle_request(const P2pKey& key, LinkId link, const NodeIdentity& peer,
+                      AttemptId peer_attempt, Time now);
+  // The peer's CM rejected our attempt's request (collision or duplicate): the attempt is NOT
+  // reported to the app; it keeps waiting for the peer's own request until its deadline (rule 3:
+  // never REJECTED). Its own link is forgotten (the driver closes it).
+  void handle_attempt_rejected_by_cm(AttemptId attempt);
+  // The attempt ended otherwise (application reject, unreachable, error, app destroyed its id):
+  // forget it, with whatever link it held (the driver closes that link).
+  void handle_attempt_ended(AttemptId attempt);
+  // `link` for `key` reached ESTABLISHED (an attempt's own link, or an accepted request link).
+  // The peer's CmId on that link is unknown here: a later request of that incarnation is then
+  // always a duplicate (rule 6 in its plain form).
+  void handle_established(const P2pKey& key, LinkId link, std::uint64_t peer_incarnation);
+  // Same, with the CmId number the peer put in its accept Reply (its CM header). With it, a
+  // request of the same incarnation whose attempt id is greater than that CmId comes from a
+  // NEWER attempt (the peer can only have closed `link` before making it), not a late
+  // duplicate: `link` is replaced. Drivers should prefer this overload.
+  void handle_established(const P2pKey& key, LinkId link, std::uint64_t peer_incarnation,
+                          AttemptId peer_cmid);
+  void handle_request_accepted(LinkId link);  // the app accepted a delivered request
+  void handle_request_rejected(LinkId link);  // the app rejected a delivered request
+  void handle_link_closed(LinkId link);       // any link closed (established or not)
+  void handle_timeout(Time now);
+
+  // --- outputs ---
+  std::optional<Time> next_deadline() const;
+  std::optional<P2pAction> poll_action();
+
+  // --- introspection ---
+  std::size_t tracked_links() const { return links_.size(); }
+  std::size_t tracked_attempts() const { return attempts_.size(); }
+  const P2pStats& stats() const { return stats_; }
+  const NodeIdentity& local() const { return local_; }
+  std::optional<LinkId> established_link(const P2pKey& key) const;
+
+ private:
+  // One state per p2p key; a key without an entry is idle. At most one attempt and at most one
+  // link per key at any time (rule 5: one connection per p2p key, always).
+  enum class KeyState : std::uint8_t {
+    requesting,   // our attempt's request is out on `link`; waiting for the reply
+    lost,         // our attempt has no link (rejected by the peer's CM, or its link closed):
+                  // waiting for the peer's request to bind (rule 3)
+    delivered,    // the peer's request on `link` is with the application, undecided (rule 4)
+    accepted,     // the application accepted it; waiting for `link` to establish
+    binding,      // our attempt was bound to the peer's request on `link` (rule 3 passive)
+    established,  // `link` is the connection for this key
+  };
+
+  struct Entry {
+    KeyState state = KeyState::requesting;
+    LinkId link = 0;      // see KeyState; 0 only when lost
+    AttemptId attempt = 0;  // requesting / lost / binding
+    Time deadline{};        // requesting / lost / binding
+    bool collided = false;  // requesting: rejected a colliding request (stats)
+    std::uint64_t peer_incarnation = 0;   // delivered / accepted / binding / established
+    std::optional<AttemptId> peer_cmid;   // the peer's CmId on `link`, when known
+  };
+
+  using Entries = std::map<P2pKey, Entry>;
+
+  static bool has_attempt(KeyState state);
+  void deliver(const P2pKey& key, LinkId link, const NodeIdentity& peer, AttemptId peer_attempt);
+  void bind(Entries::iterator it, LinkId link, const NodeIdentity& peer, AttemptId peer_attempt);
+  void reject(const P2pKey& key, LinkId link, P2pRejectReason reason);
+  void replace(Entries::iterator it, LinkId link, const NodeIdentity& peer, AttemptId peer_attempt);
+  void attempt_lost_link(Entry& entry);
+  void forget(Entries::iterator it);
+  void expire(Time now);
+  void emit(const P2pAction& action) { actions_.push_back(action); }
+
+  NodeIdentity local_;
+  Entries entries_;
+  std::unordered_map<LinkId, P2pKey> links_;        // every link some entry holds
+  std::unordered_map<AttemptId, P2pKey> attempts_;  // every attempt some entry holds
+  std::set<std::pair<Time, AttemptId>> deadlines_;  // one per attempt
+  std::vector<P2pAction> actions_;
+  std::size_t next_action_ = 0;
+  P2pStats stats_;
+};
+
+}  // namespace peercm::core

@@ -1,0 +1,471 @@
+// The p2p collision resolver (design.md §3), one rule at a time. The deterministic simulation in
+// tests/sim drives the same core over hundreds of thousands of schedules; these pin each rule.
+#include "core/p2p_resolver.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <system_error>
+#include <vector>
+
+namespace peercm::core {
+namespace {
+
+using namespace std::chrono_literals;
+using Kind = P2pAction::Kind;
+
+const Time kStart = Time{} + 100s;
+const Time kDeadline = kStart + 10s;
+
+// Node X (local) and node Y (peer); keys as each sees the other.
+const P2pKey kToY{.address = 0x0A000002, .port = 7002, .tag = 5};
+const P2pKey kToX{.address = 0x0A000001, .port = 7001, .tag = 5};
+
+const NodeIdentity kSmall{.guid = 0x10, .incarnation = 0xA1};
+const NodeIdentity kLarge{.guid = 0x20, .incarnation = 0xB1};
+
+std::vector<P2pAction> drain(P2pResolver& resolver) {
+  std::vector<P2pAction> actions;
+  while (auto action = resolver.poll_action()) actions.push_back(*action);
+  return actions;
+}
+
+P2pAction only_action(P2pResolver& resolver) {
+  auto actions = drain(resolver);
+  EXPECT_EQ(actions.size(), 1u);
+  return actions.empty() ? P2pAction{} : actions.front();
+}
+
+void expect_idle(const P2pResolver& resolver) {
+  EXPECT_EQ(resolver.tracked_links(), 0u);
+  EXPECT_EQ(resolver.tracked_attempts(), 0u);
+  EXPECT_FALSE(resolver.next_deadline().has_value());
+}
+
+// A connection on kToY established through a request from `peer` (attempt `peer_attempt`) on link 9.
+void establish_delivered(P2pResolver& x, const NodeIdentity& peer, AttemptId peer_attempt) {
+  x.handle_request(kToY, 9, peer, peer_attempt, kStart);
+  ASSERT_EQ(only_action(x).kind, Kind::deliver_request);
+  x.handle_request_accepted(9);
+  x.handle_established(kToY, 9, peer.incarnation);
+  ASSERT_EQ(x.established_link(kToY), std::optional<LinkId>(9));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule 4
+
+TEST(P2pResolver, RequestWithoutLocalAttemptIsDeliveredToTheListener) {
+  P2pResolver x(kSmall);
+  x.handle_request(kToY, 9, kLarge, 3, kStart);
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::deliver_request);
+  EXPECT_EQ(action.link, 9u);
+  EXPECT_EQ(action.key, kToY);
+  EXPECT_EQ(x.stats().delivered, 1u);
+  EXPECT_EQ(x.tracked_links(), 1u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule 3: the collision order
+
+TEST(P2pResolver, LargerGuidIsTheActivePeerAndRejectsTheCollidingRequest) {
+  P2pResolver x(kLarge);
+  ASSERT_TRUE(x.connect(kToX, 1, 7, kDeadline));
+  x.handle_request(kToX, 9, kSmall, 50, kStart);  // the attempt id does not matter: GUID first
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::reject_request);
+  EXPECT_EQ(action.link, 9u);
+  EXPECT_EQ(action.reason, P2pRejectReason::collision);
+  EXPECT_EQ(x.stats().rejected_collision, 1u);
+  // O is kept: its own reply establishes it.
+  x.handle_established(kToX, 7, kSmall.incarnation);
+  EXPECT_EQ(x.established_link(kToX), std::optional<LinkId>(7));
+  EXPECT_EQ(x.stats().collisions_won, 1u);
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+}
+
+TEST(P2pResolver, SmallerGuidIsThePassivePeerAndAcceptsTheRequestIntoItsAttempt) {
+  P2pResolver x(kSmall);
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kDeadline));
+  x.handle_request(kToY, 9, kLarge, 1, kStart);
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::accept_into_attempt);
+  EXPECT_EQ(action.link, 9u);
+  EXPECT_EQ(action.aborted_link, 7u);
+  EXPECT_EQ(action.attempt, 50u);
+  EXPECT_EQ(x.stats().collisions_lost, 1u);
+  // The aborted link is forgotten; its close changes nothing.
+  x.handle_link_closed(7);
+  EXPECT_EQ(x.tracked_links(), 1u);
+  x.handle_established(kToY, 9, kLarge.incarnation);
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(9));
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+  EXPECT_FALSE(x.next_deadline().has_value());
+}
+
+TEST(P2pResolver, EqualGuidsFallBackToTheAttemptId) {
+  const NodeIdentity a{.guid = 0x33, .incarnation = 1};
+  const NodeIdentity b{.guid = 0x33, .incarnation = 2};
+  {
+    P2pResolver x(a);  // our attempt 8 > their 4: active
+    ASSERT_TRUE(x.connect(kToY, 8, 7, kDeadline));
+    x.handle_request(kToY, 9, b, 4, kStart);
+    EXPECT_EQ(only_action(x).kind, Kind::reject_request);
+  }
+  {
+    P2pResolver x(a);  // our attempt 4 < their 8: passive
+    ASSERT_TRUE(x.connect(kToY, 4, 7, kDeadline));
+    x.handle_request(kToY, 9, b, 8, kStart);
+    EXPECT_EQ(only_action(x).kind, Kind::accept_into_attempt);
+  }
+}
+
+TEST(P2pResolver, EqualGuidsAndAttemptIdsFallBackToTheIncarnation) {
+  const NodeIdentity a{.guid = 0x33, .incarnation = 1};
+  const NodeIdentity b{.guid = 0x33, .incarnation = 2};
+  P2pResolver x(a);
+  P2pResolver y(b);
+  ASSERT_TRUE(x.connect(kToY, 1, 7, kDeadline));
+  ASSERT_TRUE(y.connect(kToX, 1, 8, kDeadline));
+  x.handle_request(kToY, 8, b, 1, kStart);
+  y.handle_request(kToX, 7, a, 1, kStart);
+  EXPECT_EQ(only_action(x).kind, Kind::accept_into_attempt);  // smaller incarnation: passive
+  EXPECT_EQ(only_action(y).kind, Kind::reject_request);       // larger: active
+}
+
+// Both orders, for many identities: exactly one side rejects and the other accepts.
+TEST(P2pResolver, BothPeersAlwaysReachOppositeDecisions) {
+  const std::uint64_t guids[] = {1, 2, 0xFFFFFFFFFFFFFFFF};
+  const AttemptId ids[] = {1, 2, 0xFFFFFFFF};
+  const std::uint64_t incarnations[] = {5, 6};
+  int cases = 0;
+  for (auto gx : guids)
+    for (auto gy : guids)
+      for (auto ox : ids)
+        for (auto oy : ids)
+          for (auto ix : incarnations)
+            for (auto iy : incarnations) {
+              const NodeIdentity idx{gx, ix};
+              const NodeIdentity idy{gy, iy};
+              if (idx == idy) continue;  // one node
+              P2pResolver x(idx);
+              P2pResolver y(idy);
+              ASSERT_TRUE(x.connect(kToY, ox, 7, kDeadline));
+              ASSERT_TRUE(y.connect(kToX, oy, 8, kDeadline));
+              x.handle_request(kToY, 8, idy, oy, kStart);
+              y.handle_request(kToX, 7, idx, ox, kStart);
+              const Kind kx = only_action(x).kind;
+              const Kind ky = only_action(y).kind;
+              EXPECT_NE(kx, ky);
+              EXPECT_TRUE(kx == Kind::reject_request || kx == Kind::accept_into_attempt);
+              EXPECT_TRUE(ky == Kind::reject_request || ky == Kind::accept_into_attempt);
+              ++cases;
+            }
+  EXPECT_GT(cases, 300);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule 3: the losing attempt that was rejected first
+
+TEST(P2pResolver, LostAttemptWaitsSilentlyAndBindsThePeersRequest) {
+  P2pResolver x(kSmall);
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kDeadline));
+  x.handle_attempt_rejected_by_cm(50);  // Y was active and rejected our request
+  EXPECT_TRUE(drain(x).empty());        // never REJECTED to the application
+  x.handle_link_closed(7);
+  EXPECT_EQ(x.tracked_links(), 0u);
+  EXPECT_EQ(x.tracked_attempts(), 1u);
+  EXPECT_EQ(x.connect(kToY, 51, 10, kDeadline).error(), std::errc::connection_already_in_progress);
+
+  x.handle_request(kToY, 9, kLarge, 1, kStart + 1s);
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::accept_into_attempt);
+  EXPECT_EQ(action.attempt, 50u);
+  EXPECT_EQ(action.aborted_link, 0u);  // its link is already gone
+  x.handle_established(kToY, 9, kLarge.incarnation);
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(9));
+  x.handle_link_closed(9);
+  expect_idle(x);
+}
+
+// A lost attempt has no request left in flight: it binds even a request it would otherwise win.
+TEST(P2pResolver, LostAttemptBindsEvenASmallerPeersRequest) {
+  P2pResolver x(kLarge);
+  ASSERT_TRUE(x.connect(kToX, 1, 7, kDeadline));
+  x.handle_attempt_rejected_by_cm(1);
+  x.handle_request(kToX, 9, kSmall, 1, kStart);
+  EXPECT_EQ(only_action(x).kind, Kind::accept_into_attempt);
+}
+
+TEST(P2pResolver, AttemptWhoseLinkClosedWaitsForThePeersRequest) {
+  P2pResolver x(kLarge);
+  ASSERT_TRUE(x.connect(kToX, 1, 7, kDeadline));
+  x.handle_link_closed(7);  // e.g. the peer crashed before answering
+  EXPECT_TRUE(drain(x).empty());
+  EXPECT_EQ(x.tracked_attempts(), 1u);
+  EXPECT_EQ(x.tracked_links(), 0u);
+  const NodeIdentity restarted{.guid = kSmall.guid, .incarnation = 0xA2};
+  x.handle_request(kToX, 9, restarted, 1, kStart);
+  EXPECT_EQ(only_action(x).kind, Kind::accept_into_attempt);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule 5
+
+TEST(P2pResolver, ConnectWhileARequestIsDeliveredFailsWithEalready) {
+  P2pResolver x(kSmall);
+  x.handle_request(kToY, 9, kLarge, 1, kStart);
+  drain(x);
+  EXPECT_EQ(x.connect(kToY, 50, 7, kDeadline).error(), std::errc::connection_already_in_progress);
+  x.handle_request_accepted(9);
+  EXPECT_EQ(x.connect(kToY, 50, 7, kDeadline).error(), std::errc::connection_already_in_progress);
+  x.handle_established(kToY, 9, kLarge.incarnation);
+  EXPECT_EQ(x.connect(kToY, 50, 7, kDeadline).error(), std::errc::already_connected);
+  // Another tag is another key.
+  EXPECT_TRUE(x.connect(P2pKey{kToY.address, kToY.port, kToY.tag + 1}, 50, 7, kDeadline));
+}
+
+TEST(P2pResolver, ConnectWhileAnAttemptIsPendingFailsWithEalready) {
+  P2pResolver x(kSmall);
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kDeadline));
+  EXPECT_EQ(x.connect(kToY, 51, 8, kDeadline).error(), std::errc::connection_already_in_progress);
+  x.handle_established(kToY, 7, kLarge.incarnation);
+  EXPECT_EQ(x.connect(kToY, 51, 8, kDeadline).error(), std::errc::already_connected);
+  x.handle_link_closed(7);
+  EXPECT_TRUE(x.connect(kToY, 51, 8, kDeadline));
+}
+
+TEST(P2pResolver, ConnectAfterTheAppRejectedTheRequestSucceeds) {
+  P2pResolver x(kSmall);
+  x.handle_request(kToY, 9, kLarge, 1, kStart);
+  drain(x);
+  x.handle_request_rejected(9);
+  expect_idle(x);
+  EXPECT_TRUE(x.connect(kToY, 50, 7, kDeadline));
+}
+
+TEST(P2pResolver, ConnectRefusesAReusedAttemptIdOrLink) {
+  P2pResolver x(kSmall);
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kDeadline));
+  const P2pKey other{kToY.address, kToY.port, 99};
+  EXPECT_EQ(x.connect(other, 50, 8, kDeadline).error(), std::errc::invalid_argument);
+  EXPECT_EQ(x.connect(other, 51, 7, kDeadline).error(), std::errc::invalid_argument);
+  EXPECT_EQ(x.connect(other, 51, 0, kDeadline).error(), std::errc::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule 6: late duplicates and restarted peers
+
+TEST(P2pResolver, LateDuplicateOfTheEstablishedConnectionIsRejected) {
+  P2pResolver x(kSmall);
+  establish_delivered(x, kLarge, 3);
+  x.handle_request(kToY, 11, kLarge, 3, kStart);
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::reject_request);
+  EXPECT_EQ(action.reason, P2pRejectReason::duplicate);
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(9));
+  EXPECT_EQ(x.stats().rejected_duplicate, 1u);
+}
+
+// The passive peer's aborted request reaching the active peer after its attempt established:
+// the accept Reply named the passive peer's CmId (its attempt, now on our link).
+TEST(P2pResolver, PassivePeersAbortedRequestArrivingAfterEstablishmentIsADuplicate) {
+  P2pResolver x(kLarge);
+  ASSERT_TRUE(x.connect(kToX, 1, 7, kDeadline));
+  x.handle_established(kToX, 7, kSmall.incarnation, 50);
+  x.handle_request(kToX, 9, kSmall, 50, kStart);
+  EXPECT_EQ(only_action(x).reason, P2pRejectReason::duplicate);
+  // Without the peer's CmId every request of that incarnation is a duplicate (plain rule 6).
+  P2pResolver plain(kLarge);
+  ASSERT_TRUE(plain.connect(kToX, 1, 7, kDeadline));
+  plain.handle_established(kToX, 7, kSmall.incarnation);
+  plain.handle_request(kToX, 9, kSmall, 51, kStart);
+  EXPECT_EQ(only_action(plain).reason, P2pRejectReason::duplicate);
+}
+
+TEST(P2pResolver, DuplicateOfARequestBeingAcceptedIsRejected) {
+  P2pResolver x(kSmall);
+  x.handle_request(kToY, 9, kLarge, 3, kStart);
+  drain(x);
+  x.handle_request(kToY, 11, kLarge, 3, kStart);  // same incarnation, same attempt, other link
+  EXPECT_EQ(only_action(x).reason, P2pRejectReason::duplicate);
+  x.handle_request(kToY, 12, kLarge, 2, kStart);  // an older attempt: a late copy
+  EXPECT_EQ(only_action(x).reason, P2pRejectReason::duplicate);
+  EXPECT_EQ(x.tracked_links(), 1u);
+}
+
+TEST(P2pResolver, DuplicateWhileBindingIsRejected) {
+  P2pResolver x(kSmall);
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kDeadline));
+  x.handle_request(kToY, 9, kLarge, 3, kStart);
+  ASSERT_EQ(only_action(x).kind, Kind::accept_into_attempt);
+  x.handle_request(kToY, 11, kLarge, 3, kStart);
+  EXPECT_EQ(only_action(x).reason, P2pRejectReason::duplicate);
+}
+
+// The peer closed the connection and connected again (a newer CmId) before its close reached us.
+TEST(P2pResolver, NewerAttemptOfTheSameIncarnationReplacesTheStaleConnection) {
+  P2pResolver x(kSmall);
+  establish_delivered(x, kLarge, 3);
+  x.handle_request(kToY, 11, kLarge, 4, kStart);
+  const auto actions = drain(x);
+  ASSERT_EQ(actions.size(), 2u);
+  EXPECT_EQ(actions[0].kind, Kind::teardown_link);
+  EXPECT_EQ(actions[0].link, 9u);
+  EXPECT_EQ(actions[1].kind, Kind::deliver_request);
+  EXPECT_EQ(actions[1].link, 11u);
+  EXPECT_EQ(x.stats().replaced_stale, 1u);
+  x.handle_link_closed(9);  // the teardown's close: already forgotten
+  EXPECT_EQ(x.tracked_links(), 1u);
+}
+
+TEST(P2pResolver, RestartedPeerReplacesTheEstablishedConnection) {
+  P2pResolver x(kSmall);
+  establish_delivered(x, kLarge, 3);
+  const NodeIdentity restarted{.guid = kLarge.guid, .incarnation = kLarge.incarnation + 1};
+  x.handle_request(kToY, 11, restarted, 1, kStart);  // its CmId counter started again
+  const auto actions = drain(x);
+  ASSERT_EQ(actions.size(), 2u);
+  EXPECT_EQ(actions[0].kind, Kind::teardown_link);
+  EXPECT_EQ(actions[0].link, 9u);
+  EXPECT_EQ(actions[1].kind, Kind::deliver_request);
+  EXPECT_EQ(x.stats().replaced_restarted, 1u);
+  x.handle_request_accepted(11);
+  x.handle_established(kToY, 11, restarted.incarnation);
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(11));
+}
+
+TEST(P2pResolver, RestartedPeerReplacesAnUndecidedRequest) {
+  P2pResolver x(kSmall);
+  x.handle_request(kToY, 9, kLarge, 3, kStart);
+  drain(x);
+  const NodeIdentity restarted{.guid = kLarge.guid, .incarnation = kLarge.incarnation + 1};
+  x.handle_request(kToY, 11, restarted, 3, kStart);
+  const auto actions = drain(x);
+  ASSERT_EQ(actions.size(), 2u);
+  EXPECT_EQ(actions[0].kind, Kind::teardown_link);
+  EXPECT_EQ(actions[1].kind, Kind::deliver_request);
+  EXPECT_EQ(x.tracked_links(), 1u);
+}
+
+TEST(P2pResolver, RestartedPeerWhileBindingMovesTheAttemptToItsRequest) {
+  P2pResolver x(kSmall);
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kDeadline));
+  x.handle_request(kToY, 9, kLarge, 3, kStart);
+  drain(x);
+  const NodeIdentity restarted{.guid = kLarge.guid, .incarnation = kLarge.incarnation + 1};
+  x.handle_request(kToY, 11, restarted, 1, kStart);
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::accept_into_attempt);
+  EXPECT_EQ(action.attempt, 50u);
+  EXPECT_EQ(action.link, 11u);
+  EXPECT_EQ(action.aborted_link, 9u);
+  EXPECT_EQ(x.stats().replaced_restarted, 1u);
+  EXPECT_EQ(x.tracked_links(), 1u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rule 8: deadlines
+
+TEST(P2pResolver, AttemptFailsAtItsDeadlineInEveryState) {
+  // requesting
+  P2pResolver x(kSmall);
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kDeadline));
+  EXPECT_EQ(x.next_deadline(), std::optional<Time>(kDeadline));
+  x.handle_timeout(kDeadline - 1ns);
+  EXPECT_TRUE(drain(x).empty());
+  x.handle_timeout(kDeadline);
+  P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::attempt_failed);
+  EXPECT_EQ(action.attempt, 50u);
+  EXPECT_EQ(action.link, 7u);
+  EXPECT_EQ(x.stats().attempts_timed_out, 1u);
+  expect_idle(x);
+
+  // lost
+  ASSERT_TRUE(x.connect(kToY, 51, 8, kDeadline));
+  x.handle_attempt_rejected_by_cm(51);
+  x.handle_timeout(kDeadline);
+  action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::attempt_failed);
+  EXPECT_EQ(action.link, 0u);
+  expect_idle(x);
+
+  // binding: the bound link goes with it
+  ASSERT_TRUE(x.connect(kToY, 52, 10, kDeadline));
+  x.handle_request(kToY, 11, kLarge, 1, kStart);
+  drain(x);
+  x.handle_timeout(kDeadline + 1s);
+  action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::attempt_failed);
+  EXPECT_EQ(action.link, 11u);
+  expect_idle(x);
+}
+
+TEST(P2pResolver, EarliestDeadlineIsReportedAndOverdueAttemptsBindNothing) {
+  P2pResolver x(kSmall);
+  const P2pKey other{kToY.address, kToY.port, 6};
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kStart + 5s));
+  ASSERT_TRUE(x.connect(other, 51, 8, kStart + 2s));
+  EXPECT_EQ(x.next_deadline(), std::optional<Time>(kStart + 2s));
+  // A request arriving after attempt 51's deadline (the timer has not fired yet): 51 fails first
+  // and the request is delivered.
+  x.handle_request(other, 9, kLarge, 1, kStart + 3s);
+  const auto actions = drain(x);
+  ASSERT_EQ(actions.size(), 2u);
+  EXPECT_EQ(actions[0].kind, Kind::attempt_failed);
+  EXPECT_EQ(actions[0].attempt, 51u);
+  EXPECT_EQ(actions[1].kind, Kind::deliver_request);
+  EXPECT_EQ(x.next_deadline(), std::optional<Time>(kStart + 5s));
+}
+
+// ---------------------------------------------------------------------------------------------
+// No leak
+
+TEST(P2pResolver, NothingIsTrackedOnceEveryLinkClosedAndEveryAttemptEnded) {
+  P2pResolver x(kSmall);
+  // An established attempt, a delivered request, an accepted one, a bound attempt, an ended one.
+  const P2pKey k1{1, 1, 1}, k2{2, 2, 2}, k3{3, 3, 3}, k4{4, 4, 4}, k5{5, 5, 5};
+  ASSERT_TRUE(x.connect(k1, 1, 101, kDeadline));
+  x.handle_established(k1, 101, 77, 9);
+  x.handle_request(k2, 102, kLarge, 1, kStart);
+  x.handle_request(k3, 103, kLarge, 2, kStart);
+  x.handle_request_accepted(103);
+  ASSERT_TRUE(x.connect(k4, 2, 104, kDeadline));
+  x.handle_request(k4, 105, kLarge, 3, kStart);
+  ASSERT_TRUE(x.connect(k5, 3, 106, kDeadline));
+  drain(x);
+  EXPECT_EQ(x.tracked_attempts(), 2u);
+  EXPECT_EQ(x.tracked_links(), 5u);  // 101, 102, 103, 105, 106 (104 was aborted)
+  x.handle_attempt_ended(3);          // e.g. the peer's application rejected it
+  for (LinkId link : {101, 102, 103, 104, 105, 106}) x.handle_link_closed(link);
+  EXPECT_EQ(x.tracked_links(), 0u);
+  EXPECT_EQ(x.tracked_attempts(), 1u);  // attempt 2 waits for its deadline (lost)
+  x.handle_attempt_ended(2);
+  expect_idle(x);
+}
+
+TEST(P2pResolver, ClosedLinksAndUnknownIdsAreIgnored) {
+  P2pResolver x(kSmall);
+  x.handle_link_closed(42);
+  x.handle_request_accepted(42);
+  x.handle_request_rejected(42);
+  x.handle_attempt_ended(42);
+  x.handle_attempt_rejected_by_cm(42);
+  x.handle_established(kToY, 42, 1);
+  EXPECT_TRUE(drain(x).empty());
+  expect_idle(x);
+}
+
+TEST(P2pResolver, OwnLoopedBackRequestIsDeliveredUntracked) {
+  P2pResolver x(kSmall);
+  ASSERT_TRUE(x.connect(kToX, 1, 7, kDeadline));
+  x.handle_request(kToX, 8, kSmall, 1, kStart);
+  EXPECT_EQ(only_action(x).kind, Kind::deliver_request);
+  EXPECT_EQ(x.tracked_links(), 1u);
+}
+
+}  // namespace
+}  // namespace peercm::core
