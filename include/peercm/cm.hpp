@@ -111,6 +111,7 @@ bool default_peer_to_peer();
 struct CmStats {
   std::uint64_t collisions_won = 0;
   std::uint64_t collisions_lost = 0;
+  std::uint64_t delivered_requests = 0;  // p2p requests that matched no attempt (rule 4)
   std::uint64_t rejects_sent[8] = {};      // by RejectReason
   std::uint64_t rejects_received[8] = {};  // by RejectReason
 };

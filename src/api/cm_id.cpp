@@ -97,7 +97,33 @@ core::MpaConfig CmIdImpl::mpa_config(std::uint16_t ird, std::uint16_t ord) const
   return config;
 }
 
-Connection::Callbacks CmIdImpl::connection_callbacks() {
+std::vector<std::uint8_t> CmIdImpl::cm_header(std::span<const std::uint8_t> application_data) const {
+  std::vector<std::uint8_t> bytes(wire::kCmHeaderSize);
+  const wire::CmHeader header{.node_guid = ctx->node_guid,
+                              .incarnation = ctx->incarnation,
+                              .listen_port = ctx->p2p_listen_port,
+                              .tag = tag,
+                              .cmid = number};
+  [[maybe_unused]] auto n = wire::encode_cm_header(header, bytes);
+  bytes.insert(bytes.end(), application_data.begin(), application_data.end());
+  return bytes;
+}
+
+void CmIdImpl::end_p2p() {
+  if (p2p_attempt) {
+    p2p_attempt = false;
+    ctx->p2p->forget_attempt(number);
+    ctx->p2p->resolver().handle_attempt_ended(number);
+  }
+  if (link != 0) {
+    const core::LinkId closed = link;
+    link = 0;
+    ctx->p2p->link_closed(closed);
+  }
+  ctx->p2p->run();
+}
+
+Connection::Callbacks CmIdImpl::connection_callbacks(core::LinkId link_id) {
   std::weak_ptr<CmIdImpl> weak = weak_from_this();
   Connection::Callbacks cb;
   cb.tcp_failed = [weak](int error) {
@@ -105,6 +131,7 @@ Connection::Callbacks CmIdImpl::connection_callbacks() {
     if (!self) return;
     self->state = State::route_resolved;
     self->connection.reset();
+    self->end_p2p();
     if (error == ECONNREFUSED) {
       self->ctx->stats.rejects_received[static_cast<int>(RejectReason::refused)]++;
       self->emit(CmEventType::rejected, ECONNREFUSED, {}, RejectReason::refused);
@@ -112,7 +139,7 @@ Connection::Callbacks CmIdImpl::connection_callbacks() {
       self->emit(CmEventType::unreachable, error);
     }
   };
-  cb.mpa_event = [weak](core::MpaEvent& event) {
+  cb.mpa_event = [weak, link_id](core::MpaEvent& event) {
     auto self = weak.lock();
     if (!self) return;
     ConnParam param;
@@ -121,19 +148,54 @@ Connection::Callbacks CmIdImpl::connection_callbacks() {
     param.responder_resources = static_cast<std::uint8_t>(std::min<int>(event.result.peer_ord, 255));
     param.initiator_depth = static_cast<std::uint8_t>(std::min<int>(event.result.peer_ird, 255));
     switch (event.kind) {
-      case core::MpaEvent::Kind::established:
+      case core::MpaEvent::Kind::established: {
         self->state = State::established;
         if (self->connection) self->peer = self->connection->peer_address();
+        if (link_id != 0) {
+          // A p2p peer's accepting Reply starts with its CM header (design.md §3 rule 1).
+          std::optional<std::uint32_t> reply_cmid;
+          if (auto header = wire::decode_cm_header(param.private_data)) {
+            self->peer_incarnation = header->header.incarnation;
+            reply_cmid = header->header.cmid;
+            param.private_data.assign(header->application_data.begin(), header->application_data.end());
+          } else if (self->p2p_attempt) {
+            param.private_data.clear();
+          }
+          if (self->p2p_attempt) {
+            self->p2p_attempt = false;
+            self->ctx->p2p->forget_attempt(self->number);
+          }
+          if (reply_cmid) {
+            self->ctx->p2p->resolver().handle_established(self->key, link_id, self->peer_incarnation, *reply_cmid);
+          } else {
+            self->ctx->p2p->resolver().handle_established(self->key, link_id, self->peer_incarnation);
+          }
+        }
         self->emit(CmEventType::established, 0, std::move(param));
+        if (link_id != 0) self->ctx->p2p->run();
         break;
+      }
       case core::MpaEvent::Kind::rejected:
+        if (self->p2p_attempt && wire::decode_cm_reject(param.private_data)) {
+          // Rule 3: a collision (or duplicate) reject is the CM's business, not the
+          // application's: the attempt waits for the peer's own request.
+          self->ctx->stats.rejects_received[static_cast<int>(
+              *wire::decode_cm_reject(param.private_data) == wire::CmRejectReason::collision
+                  ? RejectReason::collision
+                  : RejectReason::duplicate)]++;
+          self->ctx->p2p->resolver().handle_attempt_rejected_by_cm(self->number);
+          self->ctx->p2p->run();
+          break;
+        }
         self->state = State::route_resolved;
+        self->end_p2p();
         self->ctx->stats.rejects_received[static_cast<int>(RejectReason::application)]++;
         self->emit(CmEventType::rejected, ECONNREFUSED, std::move(param), RejectReason::application);
         break;
       case core::MpaEvent::Kind::failed: {
         const bool passive = self->state == State::accepting;
         self->state = passive ? State::disconnected : State::route_resolved;
+        self->end_p2p();
         const int status = event.failure == core::MpaFailure::timeout ? ETIMEDOUT : ECONNRESET;
         const RejectReason reason = event.failure == core::MpaFailure::timeout ? RejectReason::timeout
                                     : event.failure == core::MpaFailure::markers_requested ? RejectReason::markers
@@ -150,7 +212,7 @@ Connection::Callbacks CmIdImpl::connection_callbacks() {
     if (!self) return;
     self->emit_disconnected();
   };
-  cb.closed = [weak] {
+  cb.closed = [weak, link_id] {
     auto self = weak.lock();
     if (!self) return;
     if (self->state == State::established) self->emit_disconnected();
@@ -159,6 +221,10 @@ Connection::Callbacks CmIdImpl::connection_callbacks() {
       self->emit(CmEventType::timewait_exit);
     }
     self->release_pending();
+    if (link_id != 0 && self->link == link_id) {
+      self->link = 0;
+      self->ctx->p2p->link_closed(link_id);
+    }
   };
   return cb;
 }
@@ -199,7 +265,7 @@ void CmIdImpl::on_listen_readable() {
       }
       holder->reset();
     };
-    auto conn = Connection::adopt(ctx, fd, mpa_config(16, 16), std::move(cb));
+    auto conn = Connection::adopt(ctx, fd, from, mpa_config(16, 16), std::move(cb));
     if (!conn) {
       --pending;
       continue;
@@ -212,25 +278,55 @@ void CmIdImpl::on_listen_readable() {
 void CmIdImpl::on_incoming_request(const std::shared_ptr<Connection>& conn) {
   std::erase(handshaking, conn);
   const core::MpaResult& request = conn->responder()->request();
-  std::span<const std::uint8_t> app_data = request.peer_private_data;
   if (request.peer_to_peer) {
-    // design.md §3 rule 1: a p2p request starts with the CM header.
-    if (auto header = wire::decode_cm_header(app_data)) app_data = header->application_data;
+    // design.md §3 rules 1-2: a p2p request names its sender; the resolver decides.
+    if (auto header = wire::decode_cm_header(request.peer_private_data)) {
+      const sockaddr_in from = conn->peer_address();
+      const core::P2pKey request_key{ntohl(from.sin_addr.s_addr), header->header.listen_port, header->header.tag};
+      const core::LinkId link_id = ctx->p2p->new_link();
+      const core::NodeIdentity sender{header->header.node_guid, header->header.incarnation};
+      if (pending > 0) --pending;  // the resolver's verdict, not the backlog, governs it now
+      ctx->p2p->park_request(link_id, conn, shared_from_this(), sender, header->header.cmid);
+      Connection::Callbacks parked;
+      P2pDriver* driver = ctx->p2p.get();
+      parked.closed = [driver, link_id] { driver->link_closed(link_id); };
+      conn->set_callbacks(std::move(parked));
+      const core::Time now(std::chrono::steady_clock::now().time_since_epoch());
+      ctx->p2p->resolver().handle_request(request_key, link_id, sender, header->header.cmid, now);
+      ctx->p2p->run();
+      return;
+    }
   }
+  deliver_request(conn, request.peer_private_data, 0, {}, {}, 0);
+}
+
+void CmIdImpl::deliver_request(const std::shared_ptr<Connection>& conn, std::span<const std::uint8_t> app_data,
+                               core::LinkId link_id, const core::P2pKey& request_key,
+                               const core::NodeIdentity& peer_identity, core::AttemptId request_cmid) {
+  const core::MpaResult& request = conn->responder()->request();
   auto child_impl = std::make_shared<CmIdImpl>(ctx, channel, user_context);
   child_impl->public_context = public_context;
   child_impl->state = State::request_received;
-  child_impl->peer_to_peer = peer_to_peer;
+  child_impl->peer_to_peer = request.peer_to_peer;
   child_impl->crc = crc;
+  child_impl->tag = request_key.tag;
   child_impl->connect_timeout_ms = connect_timeout_ms;
   child_impl->listener = weak_from_this();
-  child_impl->counted_in_backlog = true;
+  if (link_id == 0) {
+    child_impl->counted_in_backlog = true;
+  }
   child_impl->connection = conn;
   child_impl->peer = conn->peer_address();
+  child_impl->key = request_key;
+  child_impl->link = link_id;
+  child_impl->peer_incarnation = peer_identity.incarnation;
+  child_impl->peer_node = peer_identity;
+  child_impl->peer_cmid = request_cmid;
+  if (link_id != 0) ctx->p2p->own_link(link_id, child_impl);
   std::unique_ptr<CmId> child(new CmId(child_impl));
   child_impl->owner = child.get();
   // The connection now reports to the child id.
-  conn->set_callbacks(child_impl->connection_callbacks());
+  conn->set_callbacks(child_impl->connection_callbacks(link_id));
 
   CmEvent event;
   event.type = CmEventType::connect_request;
@@ -261,16 +357,22 @@ CmId::CmId(std::shared_ptr<detail::CmIdImpl> impl) : impl_(std::move(impl)) {}
 CmId::~CmId() {
   auto ctx = impl_->ctx;
   std::unique_ptr<QueuePair> qp;  // destroyed after the lock is released: it takes the lock itself
+  std::vector<CmEvent> orphaned;  // queued events about this id; same reason
   std::lock_guard lock(ctx->mutex);
+  orphaned = impl_->channel->purge(this);
   impl_->owner = nullptr;
+  impl_->end_p2p();
   if (impl_->connection) {
     impl_->connection->set_callbacks({});
     impl_->connection->abort();
     impl_->connection.reset();
   }
   impl_->release_pending();
-  for (auto& conn : impl_->handshaking) conn->abort();
+  // abort() runs the handshake's `closed` callback, which erases from `handshaking`: iterate
+  // over a copy taken out of the member.
+  auto handshaking = std::move(impl_->handshaking);
   impl_->handshaking.clear();
+  for (auto& conn : handshaking) conn->abort();
   if (impl_->listen_fd >= 0) {
     ctx->reactor.remove(impl_->listen_fd);
     ::close(impl_->listen_fd);
@@ -346,6 +448,7 @@ Status<std::errc> CmId::listen(int backlog) {
   socklen_t len = sizeof address;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &len);
   impl.bound_address = address;
+  if (impl.ctx->p2p_listen_port == 0) impl.ctx->p2p_listen_port = ntohs(address.sin_port);
   impl.listen_fd = fd;
   impl.backlog = backlog;
   impl.state = detail::CmIdImpl::State::listening;
@@ -385,32 +488,55 @@ Status<std::errc> CmId::resolve_route(std::chrono::milliseconds) {
 
 Status<std::errc> CmId::connect(const ConnParam& param) {
   auto& impl = *impl_;
+  std::optional<CmEvent> retracted;  // destroyed after the lock is released (it may own a CmId)
+  detail::P2pDriver::Reclaimed reclaimed;
   std::lock_guard lock(impl.ctx->mutex);
   if (impl.state == detail::CmIdImpl::State::established) return fail(std::errc::already_connected);
   if (impl.state == detail::CmIdImpl::State::connecting) return fail(std::errc::connection_already_in_progress);
   if (impl.state != detail::CmIdImpl::State::route_resolved) return fail(std::errc::invalid_argument);
   if (!impl.qp_impl) return fail(std::errc::invalid_argument);
-  std::vector<std::uint8_t> private_data;
+  const std::size_t limit = wire::kMpaMaxPrivateData - wire::kIrdOrdBlockSize -
+                            (impl.peer_to_peer ? wire::kCmHeaderSize : 0);
+  if (param.private_data.size() > limit) return fail(std::errc::invalid_argument);
+  // design.md §3 rule 1: the CM header leads the private data of a p2p request.
+  std::vector<std::uint8_t> private_data =
+      impl.peer_to_peer ? impl.cm_header(param.private_data) : param.private_data;
+  core::LinkId link_id = 0;
   if (impl.peer_to_peer) {
-    // design.md §3 rule 1: the CM header leads the private data of a p2p request.
-    private_data.resize(wire::kCmHeaderSize);
-    wire::CmHeader header{.node_guid = impl.ctx->node_guid,
-                          .incarnation = impl.ctx->incarnation,
-                          .listen_port = 0,
-                          .tag = impl.tag,
-                          .cmid = impl.number};
-    [[maybe_unused]] auto n = wire::encode_cm_header(header, private_data);
+    // Rules 2, 5: the attempt's key is (destination, tag); the resolver may refuse it.
+    const core::P2pKey key{ntohl(impl.destination.sin_addr.s_addr), ntohs(impl.destination.sin_port), impl.tag};
+    link_id = impl.ctx->p2p->new_link();
+    const core::Time deadline(std::chrono::steady_clock::now().time_since_epoch() +
+                              std::chrono::milliseconds(impl.connect_timeout_ms));
+    auto admitted = impl.ctx->p2p->resolver().connect(key, impl.number, link_id, deadline);
+    if (!admitted && admitted.error() == std::errc::connection_already_in_progress) {
+      reclaimed = impl.ctx->p2p->reclaim_unseen_request(key, retracted);
+      if (reclaimed.link != 0) admitted = impl.ctx->p2p->resolver().connect(key, impl.number, link_id, deadline);
+    }
+    if (!admitted) return fail(admitted.error());
+    impl.p2p_attempt = true;
+    impl.key = key;
+    impl.link = link_id;
+    impl.connect_param = param;
+    impl.ctx->p2p->track_attempt(impl.number, impl_);
+    impl.ctx->p2p->own_link(link_id, impl_);
   }
-  private_data.insert(private_data.end(), param.private_data.begin(), param.private_data.end());
-  const std::size_t limit = wire::kMpaMaxPrivateData - wire::kIrdOrdBlockSize;
-  if (private_data.size() > limit) return fail(std::errc::invalid_argument);
   auto conn = detail::Connection::open(impl.ctx, impl.destination, impl.bound_address,
                                        impl.mpa_config(param.responder_resources, param.initiator_depth),
-                                       std::move(private_data), impl.connection_callbacks());
-  if (!conn) return fail(conn.error());
+                                       std::move(private_data), impl.connection_callbacks(link_id));
+  if (!conn) {
+    impl.end_p2p();
+    return fail(conn.error());
+  }
   impl.connection = *conn;
   impl.connection->bind_qp(impl.qp_impl);
   impl.state = detail::CmIdImpl::State::connecting;
+  if (reclaimed.link != 0) {
+    // The reclaimed request now meets our attempt like any colliding request (rule 3).
+    const core::Time now(std::chrono::steady_clock::now().time_since_epoch());
+    impl.ctx->p2p->resolver().handle_request(impl.key, reclaimed.link, reclaimed.peer, reclaimed.peer_cmid, now);
+  }
+  if (link_id != 0) impl.ctx->p2p->run();
   return {};
 }
 
@@ -423,7 +549,11 @@ Status<std::errc> CmId::accept(const ConnParam& param) {
     return fail(std::errc::invalid_argument);
   impl.state = detail::CmIdImpl::State::accepting;
   impl.release_pending();
-  impl.connection->accept(impl.qp_impl, param.responder_resources, param.initiator_depth, param.private_data);
+  // A p2p requester learns our identity from the Reply (design.md §3 rules 1, 6).
+  const std::vector<std::uint8_t> reply = impl.link != 0 ? impl.cm_header(param.private_data) : param.private_data;
+  if (impl.link != 0) impl.ctx->p2p->resolver().handle_request_accepted(impl.link);
+  impl.connection->accept(impl.qp_impl, param.responder_resources, param.initiator_depth, reply);
+  if (impl.link != 0) impl.ctx->p2p->run();
   return {};
 }
 
@@ -438,6 +568,10 @@ Status<std::errc> CmId::reject(std::span<const std::uint8_t> private_data) {
   conn->set_callbacks({});
   conn->reject(private_data);
   impl.state = detail::CmIdImpl::State::idle;
+  if (impl.link != 0) {
+    impl.ctx->p2p->resolver().handle_request_rejected(impl.link);
+    impl.end_p2p();
+  }
   return {};
 }
 

@@ -12,6 +12,7 @@
 #include "api/context_impl.hpp"
 #include "api/event_channel_impl.hpp"
 #include "api/queue_pair_impl.hpp"
+#include "core/p2p_resolver.hpp"
 #include "peercm/cm.hpp"
 
 namespace peercm::detail {
@@ -36,12 +37,21 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   // Events are queued to the channel with `owner` as their id.
   void emit(CmEventType type, int status = 0, ConnParam param = {}, RejectReason reason = RejectReason::none);
   void emit_disconnected();
-  Connection::Callbacks connection_callbacks();
+  // Callbacks for this id's connection; `link` names it to the p2p resolver (0: not tracked).
+  Connection::Callbacks connection_callbacks(core::LinkId link = 0);
+  // design.md §3 rule 1: the CM header that leads p2p requests and their accepting Replies.
+  std::vector<std::uint8_t> cm_header(std::span<const std::uint8_t> application_data) const;
+  // Ends this id's p2p bookkeeping (attempt and link) when it goes away or fails.
+  void end_p2p();
   core::MpaConfig mpa_config(std::uint16_t ird, std::uint16_t ord) const;
 
   // listener side
   void on_listen_readable();
   void on_incoming_request(const std::shared_ptr<Connection>& conn);
+  // A request the resolver let through to the application (rule 4), or any non-p2p request.
+  void deliver_request(const std::shared_ptr<Connection>& conn, std::span<const std::uint8_t> app_data,
+                       core::LinkId link, const core::P2pKey& key, const core::NodeIdentity& peer,
+                       core::AttemptId peer_cmid);
   void release_pending();
 
   std::shared_ptr<ContextImpl> ctx;
@@ -72,6 +82,14 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   bool counted_in_backlog = false;
   std::shared_ptr<QueuePairImpl> qp_impl;
   std::unique_ptr<QueuePair> qp;
+  // p2p (design.md §3)
+  bool p2p_attempt = false;  // connect() went through the resolver
+  core::P2pKey key;
+  core::LinkId link = 0;     // the resolver's name for `connection` (0: untracked)
+  ConnParam connect_param;   // reused when the attempt is bound to the peer's request
+  std::uint64_t peer_incarnation = 0;
+  core::NodeIdentity peer_node;     // a delivered p2p request's sender
+  core::AttemptId peer_cmid = 0;
   bool disconnected_emitted = false;
   bool timewait_emitted = false;
 };

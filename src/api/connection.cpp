@@ -66,6 +66,7 @@ Result<std::shared_ptr<Connection>, std::errc> Connection::open(std::shared_ptr<
   }
   auto conn = std::make_shared<Connection>(ctx, fd, std::move(callbacks));
   conn->config_ = config;
+  conn->peer_ = destination;
   conn->request_private_data_ = std::move(request_private_data);
   // Created now so that its deadline bounds the TCP connect as well.
   conn->initiator_.emplace(config, conn->request_private_data_, core_now());
@@ -82,9 +83,11 @@ Result<std::shared_ptr<Connection>, std::errc> Connection::open(std::shared_ptr<
 }
 
 Result<std::shared_ptr<Connection>, std::errc> Connection::adopt(std::shared_ptr<ContextImpl> ctx, int fd,
-                                                                 const core::MpaConfig& config, Callbacks callbacks) {
+                                                                 const sockaddr_in& peer, const core::MpaConfig& config,
+                                                                 Callbacks callbacks) {
   set_socket_options(fd);
   auto conn = std::make_shared<Connection>(ctx, fd, std::move(callbacks));
+  conn->peer_ = peer;
   conn->config_ = config;
   conn->responder_.emplace(config, core_now());
   conn->phase_ = Phase::mpa;
@@ -448,11 +451,6 @@ sockaddr_in Connection::local_address() const {
   return a;
 }
 
-sockaddr_in Connection::peer_address() const {
-  sockaddr_in a{};
-  socklen_t len = sizeof a;
-  if (fd_ >= 0) ::getpeername(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-  return a;
-}
+sockaddr_in Connection::peer_address() const { return peer_; }
 
 }  // namespace peercm::detail

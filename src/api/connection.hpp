@@ -39,7 +39,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                                              Callbacks callbacks);
   // Passive open: an accepted socket waiting for the MPA Request.
   static Result<std::shared_ptr<Connection>, std::errc> adopt(std::shared_ptr<ContextImpl> ctx, int fd,
-                                                              const core::MpaConfig& config, Callbacks callbacks);
+                                                              const sockaddr_in& peer, const core::MpaConfig& config,
+                                                              Callbacks callbacks);
 
   // Replaces who hears about this connection (a listener hands it to a new CmId).
   void set_callbacks(Callbacks callbacks) { callbacks_ = std::move(callbacks); }
@@ -81,6 +82,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   std::shared_ptr<ContextImpl> ctx_;
   int fd_;
+  // Known from connect()/accept(): still right after the peer reset the connection.
+  sockaddr_in peer_{};
   Callbacks callbacks_;
   Phase phase_ = Phase::mpa;
   core::MpaConfig config_;

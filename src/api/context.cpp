@@ -16,7 +16,8 @@ ContextImpl::ContextImpl(const ContextOptions& options)
     : memory(random_u64()),
       node_guid(options.node_guid ? options.node_guid : random_u64()),
       incarnation(random_u64()),
-      mode(options.progress) {
+      mode(options.progress),
+      p2p(std::make_unique<P2pDriver>(*this)) {
   if (mode == ProgressMode::thread) reactor.start_thread();
 }
 

@@ -12,6 +12,7 @@
 #include "engine/reactor.hpp"
 #include "peercm/cm.hpp"
 #include "peercm/verbs.hpp"
+#include "api/p2p_driver.hpp"
 
 namespace peercm::detail {
 
@@ -33,6 +34,8 @@ struct ContextImpl {
   ProgressMode mode;
   CmStats stats;
   std::vector<std::uint8_t> receive_scratch;  // shared by the context's connections
+  std::uint16_t p2p_listen_port = 0;  // advertised in CM headers: the first listener's port
+  std::unique_ptr<P2pDriver> p2p;
   std::uint32_t pd_counter = 0;
   std::uint32_t qp_counter = 0;
   std::uint32_t cmid_counter = 0;

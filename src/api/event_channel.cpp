@@ -25,6 +25,32 @@ void EventChannelImpl::push(CmEvent event) {
   [[maybe_unused]] auto n = ::write(event_fd, &one, sizeof one);
 }
 
+std::vector<CmEvent> EventChannelImpl::purge(CmId* id) {
+  std::vector<CmEvent> removed;
+  std::lock_guard lock(mutex);
+  for (auto it = events.begin(); it != events.end();) {
+    if (it->id == id || it->listen_id == id) {
+      removed.push_back(std::move(*it));
+      it = events.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return removed;
+}
+
+std::optional<CmEvent> EventChannelImpl::retract_request(CmId* id) {
+  std::lock_guard lock(mutex);
+  for (auto it = events.begin(); it != events.end(); ++it) {
+    if (it->type == CmEventType::connect_request && it->id == id) {
+      CmEvent event = std::move(*it);
+      events.erase(it);
+      return event;
+    }
+  }
+  return std::nullopt;
+}
+
 void EventChannelImpl::attach(const std::shared_ptr<ContextImpl>& context) {
   if (context->mode != ProgressMode::inline_) return;
   std::lock_guard lock(mutex);

@@ -5,6 +5,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "peercm/cm.hpp"
@@ -17,6 +18,11 @@ struct EventChannelImpl {
   EventChannelImpl();
   ~EventChannelImpl();
   void push(CmEvent event);
+  // Removes every queued event about `id` (an id being destroyed), so no event carries a
+  // dangling id; the caller destroys them after releasing any context lock.
+  std::vector<CmEvent> purge(CmId* id);
+  // Takes back a CONNECT_REQUEST for `id` that the application has not fetched yet.
+  std::optional<CmEvent> retract_request(CmId* id);
   // Inline progress: contexts whose ids report here are driven by get_event().
   void attach(const std::shared_ptr<ContextImpl>& context);
 

@@ -23,6 +23,15 @@ bool P2pResolver::has_attempt(KeyState state) {
   return state == KeyState::requesting || state == KeyState::lost || state == KeyState::binding;
 }
 
+// Rule 6: a request of the incarnation we know whose attempt is no newer than the one we know is
+// a late copy: attempt ids grow within an incarnation, and the peer's CM lets one attempt per key
+// live at a time, so an older id belongs to an attempt that has ended (or moved to our link).
+// Without the peer's CmId (`known` empty) every request of that incarnation is a copy.
+bool P2pResolver::older_or_same(const PeerRequest& request, std::uint64_t incarnation,
+                                std::optional<AttemptId> known) {
+  return request.incarnation == incarnation && (!known || request.attempt <= *known);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inputs: the application
 
@@ -63,45 +72,63 @@ void P2pResolver::handle_request(const P2pKey& key, LinkId link, const NodeIdent
     return;
   }
 
+  const PeerRequest request{.link = link, .incarnation = peer.incarnation, .attempt = peer_attempt};
   auto it = entries_.find(key);
   if (it == entries_.end()) {
-    deliver(key, link, peer, peer_attempt);  // rule 4: no local attempt, no connection
+    deliver(key, request);  // rule 4: no local attempt, no connection
     return;
   }
   Entry& entry = it->second;
   switch (entry.state) {
     case KeyState::requesting:
-      if (local_wins(local_, entry.attempt, peer, peer_attempt)) {
-        // Rule 3, active peer: reject R with "p2p collision", keep waiting for O's reply.
-        entry.collided = true;
-        reject(key, link, P2pRejectReason::collision);
-      } else {
-        // Rule 3, passive peer: abort O, accept R, bind O's CmId to R's connection.
-        bind(it, link, peer, peer_attempt);
-      }
+      on_request_while_requesting(it, request, peer);
       return;
     case KeyState::lost:
-      // Rule 3: the peer rejected O as the active peer, so this is the winner's request; O's
-      // request is gone, so only binding can end O with ESTABLISHED.
-      bind(it, link, peer, peer_attempt);
+      // Rule 3: our request is gone (the peer rejected it, or its link closed), so this is the
+      // request our attempt must take: binding is the only way left to ESTABLISHED.
+      bind(it, request);
       return;
     case KeyState::delivered:
     case KeyState::accepted:
     case KeyState::binding:
     case KeyState::established:
-      // Rule 6: the same incarnation and an attempt no newer than the one we know on `link` is a
-      // late duplicate (e.g. the request of the passive peer's aborted attempt); with the peer's
-      // CmId unknown, every request of that incarnation is one.
-      if (peer.incarnation == entry.peer_incarnation &&
-          (!entry.peer_cmid || peer_attempt <= *entry.peer_cmid)) {
+      if (older_or_same(request, entry.peer_incarnation, entry.peer_cmid)) {
+        // Rule 6: a late duplicate (e.g. the request of the passive peer's aborted attempt).
         reject(key, link, P2pRejectReason::duplicate);
         return;
       }
       // Rule 6: a new incarnation (the peer restarted), or a newer attempt of the same one (the
       // peer closed `link` and connects again): the old link is dead at the peer.
-      replace(it, link, peer, peer_attempt);
+      replace(it, request);
       return;
   }
+}
+
+void P2pResolver::on_request_while_requesting(Entries::iterator it, const PeerRequest& request,
+                                              const NodeIdentity& peer) {
+  Entry& entry = it->second;
+  if (entry.held.link != 0) {
+    if (older_or_same(request, entry.held.incarnation, entry.held.attempt)) {
+      reject(it->first, request.link, P2pRejectReason::duplicate);  // rule 6: a late copy
+      return;
+    }
+    // Rule 6: the held request's attempt is over (the peer restarted or tried again): answer it.
+    ++(request.incarnation != entry.held.incarnation ? stats_.replaced_restarted : stats_.replaced_stale);
+    links_.erase(entry.held.link);
+    reject(it->first, entry.held.link, P2pRejectReason::duplicate);
+    entry.held = {};
+  }
+  if (local_wins(local_, entry.attempt, peer, request.attempt)) {
+    // Rule 3, active peer: R loses; keep waiting for O's reply. R is answered with a collision
+    // reject once O is ESTABLISHED — and goes on as a fresh request if O ends otherwise, since
+    // the passive peer's attempt then has nothing else to wait for.
+    entry.collided = true;
+    entry.held = request;
+    links_.emplace(request.link, it->first);
+    return;
+  }
+  // Rule 3, passive peer: abort O, accept R, bind O's CmId to R's connection.
+  bind(it, request);
 }
 
 void P2pResolver::handle_attempt_rejected_by_cm(AttemptId attempt) {
@@ -109,9 +136,9 @@ void P2pResolver::handle_attempt_rejected_by_cm(AttemptId attempt) {
   if (at == attempts_.end()) return;
   auto it = entries_.find(at->second);
   assert(it != entries_.end());
-  // Rule 3: our request lost the collision at the peer (or was a duplicate there): not an
-  // error for the application; wait for the winner's request until the deadline.
-  if (it->second.state == KeyState::requesting) attempt_lost_link(it->second);
+  // Rule 3: our request lost at the peer (or was a duplicate there): not an error for the
+  // application; wait for the winner's request until the deadline.
+  if (it->second.state == KeyState::requesting) attempt_lost_link(it);
 }
 
 void P2pResolver::handle_attempt_ended(AttemptId attempt) {
@@ -119,23 +146,37 @@ void P2pResolver::handle_attempt_ended(AttemptId attempt) {
   if (at == attempts_.end()) return;
   auto it = entries_.find(at->second);
   assert(it != entries_.end());
-  forget(it);  // the driver reported the end and closes whatever link the attempt held
+  attempt_over(it);  // the driver reported the end and closes whatever link the attempt held
 }
 
 void P2pResolver::handle_established(const P2pKey& key, LinkId link, std::uint64_t peer_incarnation) {
+  established(key, link, peer_incarnation, std::nullopt);
+}
+
+void P2pResolver::handle_established(const P2pKey& key, LinkId link, std::uint64_t peer_incarnation,
+                                     AttemptId peer_cmid) {
+  established(key, link, peer_incarnation, peer_cmid);
+}
+
+void P2pResolver::established(const P2pKey& key, LinkId link, std::uint64_t peer_incarnation,
+                              std::optional<AttemptId> peer_cmid) {
   auto found = links_.find(link);
   if (found == links_.end() || !(found->second == key)) return;
   auto it = entries_.find(key);
   assert(it != entries_.end());
   Entry& entry = it->second;
+  if (entry.link != link) return;  // a held request does not establish
+  const PeerRequest held = entry.held;
   switch (entry.state) {
     case KeyState::requesting:
-      // Our attempt's own request was accepted: the attempt ends ESTABLISHED. The peer's CmId
-      // on the link is unknown here (see the other overload).
+      // Our attempt's own request was accepted: the attempt ends ESTABLISHED. The Reply named
+      // the peer's CmId on the link, if the driver passed it on.
       if (entry.collided) ++stats_.collisions_won;
+      if (held.link != 0) links_.erase(held.link);
+      entry.held = {};
+      entry.peer_cmid = peer_cmid;
       deadlines_.erase({entry.deadline, entry.attempt});
       attempts_.erase(entry.attempt);
-      entry.peer_cmid.reset();
       break;
     case KeyState::binding:
       // Rule 3 passive: the bound attempt ends ESTABLISHED on the peer's connection; the peer's
@@ -154,44 +195,52 @@ void P2pResolver::handle_established(const P2pKey& key, LinkId link, std::uint64
   entry.peer_incarnation = peer_incarnation;
   entry.attempt = 0;
   entry.collided = false;
-}
-
-void P2pResolver::handle_established(const P2pKey& key, LinkId link, std::uint64_t peer_incarnation,
-                                     AttemptId peer_cmid) {
-  auto found = links_.find(link);
-  if (found == links_.end() || !(found->second == key)) return;
-  const KeyState before = entries_.find(key)->second.state;
-  handle_established(key, link, peer_incarnation);
-  // For our own attempt's link, the Reply told us the peer's CmId; for a request link we
-  // already know it (the peer's attempt id from its request).
-  if (before == KeyState::requesting) entries_.find(key)->second.peer_cmid = peer_cmid;
+  if (held.link == 0) return;
+  if (older_or_same(held, peer_incarnation, entry.peer_cmid)) {
+    // Rule 3, active peer: the losing request gets its collision reject now.
+    reject(key, held.link, P2pRejectReason::collision);
+    return;
+  }
+  // Rule 6: the held request comes from an attempt newer than the peer's CmId on our new link (or
+  // from a new incarnation): the peer closed that link before it even reached us. It goes, and
+  // the held request proceeds (rule 4).
+  replace(it, held);
 }
 
 void P2pResolver::handle_request_accepted(LinkId link) {
   auto found = links_.find(link);
   if (found == links_.end()) return;
   Entry& entry = entries_.find(found->second)->second;
-  if (entry.state == KeyState::delivered) entry.state = KeyState::accepted;
+  if (entry.state == KeyState::delivered && entry.link == link) entry.state = KeyState::accepted;
 }
 
 void P2pResolver::handle_request_rejected(LinkId link) {
   auto found = links_.find(link);
   if (found == links_.end()) return;
   auto it = entries_.find(found->second);
-  if (it->second.state == KeyState::delivered || it->second.state == KeyState::accepted) forget(it);
+  const KeyState state = it->second.state;
+  if ((state == KeyState::delivered || state == KeyState::accepted) && it->second.link == link) forget(it);
 }
 
 void P2pResolver::handle_link_closed(LinkId link) {
   auto found = links_.find(link);
   if (found == links_.end()) return;  // already forgotten (rejected, aborted, torn down)
   auto it = entries_.find(found->second);
-  assert(it != entries_.end() && it->second.link == link);
-  switch (it->second.state) {
+  assert(it != entries_.end());
+  Entry& entry = it->second;
+  if (entry.held.link == link) {
+    // The passive peer aborted its losing request (it bound its attempt to ours) or gave up.
+    links_.erase(link);
+    entry.held = {};
+    return;
+  }
+  assert(entry.link == link);
+  switch (entry.state) {
     case KeyState::requesting:
     case KeyState::binding:
       // Rule 8: the attempt lives on until its deadline; a (new) request of the peer can still
       // bind it — e.g. a restarted peer's (rule 6).
-      attempt_lost_link(it->second);
+      attempt_lost_link(it);
       return;
     case KeyState::delivered:
     case KeyState::accepted:
@@ -231,35 +280,33 @@ std::optional<LinkId> P2pResolver::established_link(const P2pKey& key) const {
 // ---------------------------------------------------------------------------------------------
 // Decisions
 
-void P2pResolver::deliver(const P2pKey& key, LinkId link, const NodeIdentity& peer,
-                          AttemptId peer_attempt) {
+void P2pResolver::deliver(const P2pKey& key, const PeerRequest& request) {
   entries_.emplace(key, Entry{.state = KeyState::delivered,
-                              .link = link,
-                              .peer_incarnation = peer.incarnation,
-                              .peer_cmid = peer_attempt});
-  links_.emplace(link, key);
+                              .link = request.link,
+                              .peer_incarnation = request.incarnation,
+                              .peer_cmid = request.attempt});
+  links_.emplace(request.link, key);
   ++stats_.delivered;
-  emit({.kind = P2pAction::Kind::deliver_request, .key = key, .link = link});
+  emit({.kind = P2pAction::Kind::deliver_request, .key = key, .link = request.link});
 }
 
-void P2pResolver::bind(Entries::iterator it, LinkId link, const NodeIdentity& peer,
-                       AttemptId peer_attempt) {
+void P2pResolver::bind(Entries::iterator it, const PeerRequest& request) {
   Entry& entry = it->second;
-  assert(has_attempt(entry.state));
+  assert(has_attempt(entry.state) && entry.held.link == 0);
   // The link the attempt held: its own request's (passive peer), or a replaced request's
   // (rule 6 while binding); none when lost. The driver closes it without a word to the app.
   const LinkId aborted = entry.link;
   if (aborted != 0) links_.erase(aborted);
   if (entry.state != KeyState::binding) ++stats_.collisions_lost;
   entry.state = KeyState::binding;
-  entry.link = link;
+  entry.link = request.link;
   entry.collided = false;
-  entry.peer_incarnation = peer.incarnation;
-  entry.peer_cmid = peer_attempt;
-  links_.emplace(link, it->first);
+  entry.peer_incarnation = request.incarnation;
+  entry.peer_cmid = request.attempt;
+  links_.emplace(request.link, it->first);
   emit({.kind = P2pAction::Kind::accept_into_attempt,
         .key = it->first,
-        .link = link,
+        .link = request.link,
         .aborted_link = aborted,
         .attempt = entry.attempt});
 }
@@ -270,14 +317,13 @@ void P2pResolver::reject(const P2pKey& key, LinkId link, P2pRejectReason reason)
   emit({.kind = P2pAction::Kind::reject_request, .key = key, .link = link, .reason = reason});
 }
 
-void P2pResolver::replace(Entries::iterator it, LinkId link, const NodeIdentity& peer,
-                          AttemptId peer_attempt) {
+void P2pResolver::replace(Entries::iterator it, const PeerRequest& request) {
   Entry& entry = it->second;
-  ++(peer.incarnation != entry.peer_incarnation ? stats_.replaced_restarted : stats_.replaced_stale);
+  ++(request.incarnation != entry.peer_incarnation ? stats_.replaced_restarted : stats_.replaced_stale);
   if (entry.state == KeyState::binding) {
     // Our attempt was bound to the old request: it moves on to the new one (rule 3 passive
     // again), its CmId never having been ESTABLISHED on the old link.
-    bind(it, link, peer, peer_attempt);
+    bind(it, request);
     return;
   }
   // Rule 6: tear the old link down, then the request proceeds normally: with no attempt for K
@@ -285,19 +331,40 @@ void P2pResolver::replace(Entries::iterator it, LinkId link, const NodeIdentity&
   const P2pKey key = it->first;
   emit({.kind = P2pAction::Kind::teardown_link, .key = key, .link = entry.link});
   forget(it);
-  deliver(key, link, peer, peer_attempt);
+  deliver(key, request);
 }
 
-void P2pResolver::attempt_lost_link(Entry& entry) {
+// The attempt's link is gone (peer rejected it, or it closed): it waits for the peer's request,
+// and takes a held one at once — the peer is waiting on that request's reply.
+void P2pResolver::attempt_lost_link(Entries::iterator it) {
+  Entry& entry = it->second;
   links_.erase(entry.link);
   entry.link = 0;
   entry.state = KeyState::lost;
   entry.peer_cmid.reset();
+  if (entry.held.link != 0) {
+    const PeerRequest held = entry.held;
+    links_.erase(held.link);
+    entry.held = {};
+    bind(it, held);  // rule 3: the lost attempt binds the peer's request
+  }
+}
+
+// The attempt ended without a connection (rule 8, or the driver reported its end): forget it;
+// a held request goes on as if it had just arrived (rule 4: no local attempt any more).
+void P2pResolver::attempt_over(Entries::iterator it) {
+  const PeerRequest held = it->second.held;
+  const P2pKey key = it->first;
+  if (held.link != 0) links_.erase(held.link);
+  it->second.held = {};
+  forget(it);
+  if (held.link != 0) deliver(key, held);
 }
 
 void P2pResolver::forget(Entries::iterator it) {
   Entry& entry = it->second;
   if (entry.link != 0) links_.erase(entry.link);
+  if (entry.held.link != 0) links_.erase(entry.held.link);
   if (has_attempt(entry.state)) {
     deadlines_.erase({entry.deadline, entry.attempt});
     attempts_.erase(entry.attempt);
@@ -318,7 +385,7 @@ void P2pResolver::expire(Time now) {
           .key = it->first,
           .link = it->second.link,
           .attempt = attempt});
-    forget(it);
+    attempt_over(it);
   }
 }
 

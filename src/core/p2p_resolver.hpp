@@ -55,6 +55,7 @@ struct P2pAction {
     // rule 4: give the request on `link` to the application (CONNECT_REQUEST on the listener).
     deliver_request,
     // rules 3/6: answer the request on `link` with a reject carrying `reason`, then close it.
+    // A collision reject comes once the active peer's own attempt is ESTABLISHED (rule 3).
     reject_request,
     // rule 3 passive: close `attempt`'s current link silently (`aborted_link`, 0 when it has
     // none any more), accept the request on `link` on behalf of `attempt` (its CmId and QP move
@@ -76,7 +77,7 @@ struct P2pAction {
 };
 
 struct P2pStats {
-  std::uint64_t collisions_won = 0;      // attempts that established after rejecting a peer's colliding request
+  std::uint64_t collisions_won = 0;      // attempts that established after holding a losing request
   std::uint64_t collisions_lost = 0;     // accept_into_attempt: an attempt bound to the peer's request
   std::uint64_t rejected_collision = 0;  // requests answered with reject(collision)
   std::uint64_t rejected_duplicate = 0;  // requests answered with reject(duplicate)
@@ -100,7 +101,10 @@ class P2pResolver {
 
   // --- inputs: the connection manager / transport ---
   // An incoming p2p request on `link` for `key` from `peer`, whose attempt id is
-  // `peer_attempt` (rules 3, 4, 6).
+  // `peer_attempt` (rules 3, 4, 6). A request our pending attempt wins (rule 3, active peer) is
+  // held: rejected (collision) once our attempt is ESTABLISHED; if our attempt ends any other way
+  // (REJECTED, UNREACHABLE, deadline, destroyed) it proceeds as if it had just arrived (rule 4):
+  // the peer's losing attempt is waiting for exactly that.
   void handle_request(const P2pKey& key, LinkId link, const NodeIdentity& peer,
                       AttemptId peer_attempt, Time now);
   // The peer's CM rejected our attempt's request (collision or duplicate): the attempt is NOT
@@ -108,11 +112,13 @@ class P2pResolver {
   // never REJECTED). Its own link is forgotten (the driver closes it).
   void handle_attempt_rejected_by_cm(AttemptId attempt);
   // The attempt ended otherwise (application reject, unreachable, error, app destroyed its id):
-  // forget it, with whatever link it held (the driver closes that link).
+  // forget it, with whatever link it held (the driver closes that link). Report it BEFORE the
+  // close of the attempt's link: a close alone means the attempt lives on (see
+  // handle_link_closed).
   void handle_attempt_ended(AttemptId attempt);
   // `link` for `key` reached ESTABLISHED (an attempt's own link, or an accepted request link).
-  // The peer's CmId on that link is unknown here: a later request of that incarnation is then
-  // always a duplicate (rule 6 in its plain form).
+  // For an attempt's own link the peer's CmId on it stays unknown here: a later request of that
+  // incarnation is then always a duplicate (rule 6 in its plain form).
   void handle_established(const P2pKey& key, LinkId link, std::uint64_t peer_incarnation);
   // Same, with the CmId number the peer put in its accept Reply (its CM header). With it, a
   // request of the same incarnation whose attempt id is greater than that CmId comes from a
@@ -122,7 +128,9 @@ class P2pResolver {
                           AttemptId peer_cmid);
   void handle_request_accepted(LinkId link);  // the app accepted a delivered request
   void handle_request_rejected(LinkId link);  // the app rejected a delivered request
-  void handle_link_closed(LinkId link);       // any link closed (established or not)
+  // Any link closed (established or not). An attempt whose own (or bound) link closes lives on
+  // until its deadline and binds the peer's next request (a restarted peer's, say).
+  void handle_link_closed(LinkId link);
   void handle_timeout(Time now);
 
   // --- outputs ---
@@ -140,7 +148,8 @@ class P2pResolver {
   // One state per p2p key; a key without an entry is idle. At most one attempt and at most one
   // link per key at any time (rule 5: one connection per p2p key, always).
   enum class KeyState : std::uint8_t {
-    requesting,   // our attempt's request is out on `link`; waiting for the reply
+    requesting,   // our attempt's request is out on `link`; waiting for the reply. A colliding
+                  // request it wins is `held` (rule 3, active peer)
     lost,         // our attempt has no link (rejected by the peer's CM, or its link closed):
                   // waiting for the peer's request to bind (rule 3)
     delivered,    // the peer's request on `link` is with the application, undecided (rule 4)
@@ -149,24 +158,39 @@ class P2pResolver {
     established,  // `link` is the connection for this key
   };
 
+  // A peer's request: its link and what its CM header said.
+  struct PeerRequest {
+    LinkId link = 0;  // 0: none
+    std::uint64_t incarnation = 0;
+    AttemptId attempt = 0;
+  };
+
   struct Entry {
     KeyState state = KeyState::requesting;
-    LinkId link = 0;      // see KeyState; 0 only when lost
+    LinkId link = 0;        // see KeyState; 0 only when lost
     AttemptId attempt = 0;  // requesting / lost / binding
     Time deadline{};        // requesting / lost / binding
-    bool collided = false;  // requesting: rejected a colliding request (stats)
-    std::uint64_t peer_incarnation = 0;   // delivered / accepted / binding / established
-    std::optional<AttemptId> peer_cmid;   // the peer's CmId on `link`, when known
+    bool collided = false;  // requesting: won a collision (stats)
+    PeerRequest held;       // requesting: the colliding request our attempt wins
+    std::uint64_t peer_incarnation = 0;  // delivered / accepted / binding / established
+    std::optional<AttemptId> peer_cmid;  // the peer's CmId on `link`, when known
   };
 
   using Entries = std::map<P2pKey, Entry>;
 
   static bool has_attempt(KeyState state);
-  void deliver(const P2pKey& key, LinkId link, const NodeIdentity& peer, AttemptId peer_attempt);
-  void bind(Entries::iterator it, LinkId link, const NodeIdentity& peer, AttemptId peer_attempt);
+  static bool older_or_same(const PeerRequest& request, std::uint64_t incarnation,
+                            std::optional<AttemptId> known);
+  void on_request_while_requesting(Entries::iterator it, const PeerRequest& request,
+                                   const NodeIdentity& peer);
+  void deliver(const P2pKey& key, const PeerRequest& request);
+  void bind(Entries::iterator it, const PeerRequest& request);
   void reject(const P2pKey& key, LinkId link, P2pRejectReason reason);
-  void replace(Entries::iterator it, LinkId link, const NodeIdentity& peer, AttemptId peer_attempt);
-  void attempt_lost_link(Entry& entry);
+  void replace(Entries::iterator it, const PeerRequest& request);
+  void established(const P2pKey& key, LinkId link, std::uint64_t peer_incarnation,
+                   std::optional<AttemptId> peer_cmid);
+  void attempt_lost_link(Entries::iterator it);
+  void attempt_over(Entries::iterator it);
   void forget(Entries::iterator it);
   void expire(Time now);
   void emit(const P2pAction& action) { actions_.push_back(action); }

@@ -40,4 +40,26 @@ Result<CmHeaderView, WireError> decode_cm_header(std::span<const std::uint8_t> p
   return view;
 }
 
+Result<std::size_t, WireError> encode_cm_reject(CmRejectReason reason, std::span<std::uint8_t> out) {
+  if (out.size() < kCmRejectSize) return fail(WireError::buffer_too_small);
+  store_be32(out.data(), kCmRejectMagic);
+  out[4] = kCmHeaderVersion;
+  out[5] = static_cast<std::uint8_t>(reason);
+  store_be16(out.data() + 6, 0);
+  return kCmRejectSize;
+}
+
+Result<CmRejectReason, WireError> decode_cm_reject(std::span<const std::uint8_t> pd) {
+  if (pd.size() < kCmRejectSize) return fail(WireError::truncated);
+  if (load_be32(pd.data()) != kCmRejectMagic) return fail(WireError::cm_bad_magic);
+  if (pd[4] != kCmHeaderVersion) return fail(WireError::cm_unsupported_version);
+  if (pd.size() != kCmRejectSize) return fail(WireError::cm_bad_length);
+  if (load_be16(pd.data() + 6) != 0) return fail(WireError::cm_reserved_bits_set);
+  const std::uint8_t reason = pd[5];
+  if (reason != static_cast<std::uint8_t>(CmRejectReason::collision) &&
+      reason != static_cast<std::uint8_t>(CmRejectReason::duplicate))
+    return fail(WireError::cm_reserved_bits_set);
+  return static_cast<CmRejectReason>(reason);
+}
+
 }  // namespace peercm::wire

@@ -150,6 +150,8 @@ TEST(DataPathOrdering, ManyQueuePairsAtOnce) {
   std::vector<std::unique_ptr<CmId>> clients, servers;
   for (int i = 0; i < kPairs; ++i) {
     auto id = std::move(CmId::create(*pair.client.context, *pair.client.channel).value());
+    // One connection per p2p key (design.md §3 rule 5): each pair of ids uses its own tag.
+    ASSERT_TRUE(id->set_option(CmOption::p2p_tag, i));
     ASSERT_TRUE(id->resolve_addr(loopback(pair.port)));
     expect_event(*pair.client.channel, CmEventType::addr_resolved);
     ASSERT_TRUE(id->resolve_route());
@@ -381,7 +383,9 @@ TEST(DataPathErrors, CompletionQueueOverrunIsReportedNotCorrupting) {
   EXPECT_TRUE(pair.client.cq->overrun());
   WorkCompletion wcs[8];
   EXPECT_LE(pair.client.cq->poll(wcs), 2u);
+  // Close both ends before the buffers the server still has posted go away.
   pair.client.id.reset();
+  pair.server.id.reset();
   pair.client.cq.reset();
 }
 

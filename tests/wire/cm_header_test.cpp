@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -136,6 +137,35 @@ TEST(CmHeader, InsideAnEnhancedMpaRequest) {
   ASSERT_TRUE(view.has_value());
   EXPECT_EQ(view->header, kSample);
   EXPECT_EQ(Bytes(view->application_data.begin(), view->application_data.end()), app);
+}
+
+}  // namespace
+}  // namespace peercm::wire
+
+namespace peercm::wire {
+namespace {
+
+TEST(CmReject, RoundTripsEveryReason) {
+  for (CmRejectReason reason : {CmRejectReason::collision, CmRejectReason::duplicate}) {
+    std::array<std::uint8_t, kCmRejectSize> bytes{};
+    ASSERT_TRUE(encode_cm_reject(reason, bytes));
+    auto decoded = decode_cm_reject(bytes);
+    ASSERT_TRUE(decoded);
+    EXPECT_EQ(*decoded, reason);
+  }
+}
+
+TEST(CmReject, ApplicationPrivateDataIsNotACmReject) {
+  const std::array<std::uint8_t, 8> app = {'n', 'o', ' ', 't', 'h', 'a', 'n', 'k'};
+  EXPECT_EQ(decode_cm_reject(app).error(), WireError::cm_bad_magic);
+  EXPECT_EQ(decode_cm_reject(std::span<const std::uint8_t>{}).error(), WireError::truncated);
+  std::array<std::uint8_t, kCmRejectSize> bad{};
+  ASSERT_TRUE(encode_cm_reject(CmRejectReason::collision, bad));
+  bad[5] = 9;
+  EXPECT_EQ(decode_cm_reject(bad).error(), WireError::cm_reserved_bits_set);
+  std::array<std::uint8_t, kCmRejectSize + 1> longer{};
+  ASSERT_TRUE(encode_cm_reject(CmRejectReason::collision, longer));
+  EXPECT_EQ(decode_cm_reject(longer).error(), WireError::cm_bad_length);
 }
 
 }  // namespace

@@ -193,6 +193,7 @@ CmEvent wait_event(EventChannel& channel, const CmId* id, std::initializer_list<
     }
     if (event->id != id) continue;  // a late event of an id that is gone or not ours
     if (wanted_type(event->type, wanted)) return std::move(*event);
+    if (event->type == CmEventType::timewait_exit) continue;  // harmless
     throw ToolError(fmt::format("unexpected CM event {}", describe(*event)));
   }
   std::string names;
@@ -233,6 +234,13 @@ Endpoint::~Endpoint() {
   if (id_) {
     id_->destroy_qp();
     id_.reset();
+    // Events of the destroyed id may still be queued, naming its address, which a new
+    // CmId can reuse: drop them now. Connect requests for a listener are kept.
+    for (;;) {
+      auto event = device_.channel->get_event(std::chrono::milliseconds(0));
+      if (!event) break;
+      if (event->type == CmEventType::connect_request && event->new_id && stash_) stash_->push_back(std::move(*event));
+    }
   }
   buffers_.clear();
   cq_.reset();

@@ -154,6 +154,10 @@ struct EndpointConfig {
 
 // One side of a connection. The CmId comes from resolve (client) or from a CONNECT_REQUEST
 // (server); the Endpoint creates PD, CQ and QP on it and owns the buffers.
+// The destructor destroys the CmId and then empties the device's event channel: queued
+// events still name the destroyed id's address, which a new CmId may reuse. Connect
+// requests go to the stash; every other queued event is dropped, so an Endpoint assumes
+// it is the only connection on its channel (besides a listener).
 class Endpoint {
  public:
   Endpoint(Device& device, std::unique_ptr<CmId> id, const EndpointConfig& config, EventStash* stash = nullptr);

@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   peercm::tool::add_selfcheck(app);
   peercm::tool::add_ping(app);
   peercm::tool::add_perf(app);
+  peercm::tool::add_mesh(app);
+  peercm::tool::add_cmtime(app);
   CLI11_PARSE(app, argc, argv);
   return peercm::tool::exit_status;
 }

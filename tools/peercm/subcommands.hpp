@@ -12,5 +12,7 @@ inline int exit_status = 0;
 void add_selfcheck(CLI::App& app);
 void add_ping(CLI::App& app);
 void add_perf(CLI::App& app);
+void add_mesh(CLI::App& app);
+void add_cmtime(CLI::App& app);
 
 }  // namespace peercm::tool

@@ -1,0 +1,245 @@
+// The peer-to-peer connection model over real sockets (design.md §3): two contexts connect to
+// each other at the same moment, again and again, and always end with one connection.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <thread>
+
+#include "loopback_pair.hpp"
+
+namespace peercm::test {
+namespace {
+
+struct Node {
+  Side side;
+  std::unique_ptr<CmId> listener;
+  std::uint16_t port = 0;
+  std::vector<std::unique_ptr<CmId>> accepted;
+
+  explicit Node(std::uint64_t guid) : side(ContextOptions{.node_guid = guid}) {
+    listener = std::move(CmId::create(*side.context, *side.channel).value());
+    EXPECT_TRUE(listener->bind(loopback(0)));
+    EXPECT_TRUE(listener->listen(64));
+    port = ntohs(listener->local_address().sin_port);
+  }
+};
+
+// What one node saw in one round.
+struct RoundResult {
+  bool established = false;
+  int connect_requests = 0;
+  bool data_ok = false;
+  sockaddr_in local{}, peer{};
+  std::string error;
+};
+
+// One node's half of a round: connect to `peer_port` with `tag` at the barrier, expect
+// ESTABLISHED on that very CmId, then exchange a message (the passive node speaks first).
+RoundResult run_round(Node& node, std::uint16_t peer_port, std::uint32_t tag, bool speaks_first,
+                      std::barrier<>& start) {
+  RoundResult r;
+  Side& s = node.side;
+  auto id = std::move(CmId::create(*s.context, *s.channel).value());
+  (void)id->set_option(CmOption::p2p_tag, tag);
+  // Events of the previous round's ids (TIMEWAIT_EXIT) may still be queued: skip them.
+  auto next_for_id = [&](CmEventType type) {
+    for (auto e = s.channel->get_event(5s); e; e = s.channel->get_event(5s)) {
+      if (e->id == id.get()) return e->type == type;
+      if (e->type == CmEventType::connect_request) ++r.connect_requests;
+    }
+    return false;
+  };
+  (void)id->resolve_addr(loopback(peer_port));
+  if (!next_for_id(CmEventType::addr_resolved)) r.error = "addr";
+  (void)id->resolve_route();
+  if (!next_for_id(CmEventType::route_resolved)) r.error = "route";
+  QueuePair* qp = id->create_qp(*s.pd, s.qp_attr()).value();
+  std::vector<std::uint8_t> inbox(16, 0), outbox(16, speaks_first ? 0xA1 : 0xB2);
+  auto in_mr = s.region(inbox);
+  auto out_mr = s.region(outbox);
+  (void)qp->post_recv(RecvWr{.wr_id = 1, .sg_list = {in_mr->sge()}});
+  start.arrive_and_wait();
+  if (auto ok = id->connect({}); !ok) r.error = "connect: " + std::make_error_code(ok.error()).message();
+  // Every event until ours is ESTABLISHED; a CONNECT_REQUEST would mean the CM let the
+  // losing request through to the application.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!r.established && r.error.empty() && std::chrono::steady_clock::now() < deadline) {
+    auto e = s.channel->get_event(1s);
+    if (!e) continue;
+    if (e->type == CmEventType::connect_request) {
+      ++r.connect_requests;
+    } else if (e->type == CmEventType::established && e->id == id.get()) {
+      r.established = true;
+    } else if (e->id != id.get()) {
+      continue;  // the previous round's ids winding down
+    } else {
+      r.error = std::string("unexpected ") + std::string(to_string(e->type));
+    }
+  }
+  if (!r.established) {
+    if (r.error.empty()) r.error = "no ESTABLISHED";
+    return r;
+  }
+  r.local = id->local_address();
+  r.peer = id->peer_address();
+  // Data both ways; the passive side's send goes first (rule 9: RTR lifts its fence).
+  auto send = [&] {
+    return qp->post_send(SendWr{.wr_id = 2, .opcode = WrOpcode::send, .sg_list = {out_mr->sge()}}).has_value();
+  };
+  bool ok = true;
+  if (speaks_first) ok = send();
+  bool received = false, sent = false;
+  const auto data_deadline = std::chrono::steady_clock::now() + 5s;
+  while (ok && !(received && sent) && std::chrono::steady_clock::now() < data_deadline) {
+    WorkCompletion wc[4];
+    const std::size_t n = s.cq->poll(wc);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (wc[i].status != WcStatus::success) ok = false;
+      if (wc[i].opcode == WcOpcode::recv) {
+        received = true;
+        if (!speaks_first) ok = ok && send();
+      } else {
+        sent = true;
+      }
+    }
+  }
+  r.data_ok = ok && received && sent && inbox[0] == (speaks_first ? 0xB2 : 0xA1);
+  start.arrive_and_wait();  // both finished the exchange before anyone disconnects
+  (void)id->disconnect();
+  const auto close_deadline = std::chrono::steady_clock::now() + 5s;
+  for (bool closed = false; !closed && std::chrono::steady_clock::now() < close_deadline;) {
+    auto e = s.channel->get_event(1s);
+    closed = e && e->type == CmEventType::disconnected && e->id == id.get();
+  }
+  WorkCompletion drain[16];
+  while (s.cq->poll(drain) > 0) {
+  }
+  return r;
+}
+
+TEST(PeerToPeer, SimultaneousConnectsAlwaysMakeExactlyOneConnection) {
+  Node a(/*guid=*/0x1000), b(/*guid=*/0x2000);  // a has the smaller GUID: a is the passive peer
+  std::barrier start(2);
+  constexpr std::uint32_t kRounds = 1000;
+  for (std::uint32_t round = 0; round < kRounds; ++round) {
+    RoundResult ra, rb;
+    std::thread ta([&] { ra = run_round(a, b.port, round, /*speaks_first=*/true, start); });
+    rb = run_round(b, a.port, round, /*speaks_first=*/false, start);
+    ta.join();
+    ASSERT_TRUE(ra.error.empty()) << "round " << round << " a: " << ra.error;
+    ASSERT_TRUE(rb.error.empty()) << "round " << round << " b: " << rb.error;
+    ASSERT_TRUE(ra.established && rb.established) << "round " << round;
+    ASSERT_EQ(ra.connect_requests + rb.connect_requests, 0) << "round " << round;
+    // Both ids sit on the same TCP connection: one connection for the pair.
+    ASSERT_EQ(ra.local.sin_port, rb.peer.sin_port) << "round " << round;
+    ASSERT_EQ(rb.local.sin_port, ra.peer.sin_port) << "round " << round;
+    ASSERT_TRUE(ra.data_ok && rb.data_ok) << "round " << round;
+  }
+  const CmStats sa = cm_stats(*a.side.context), sb = cm_stats(*b.side.context);
+  EXPECT_EQ(sa.delivered_requests + sb.delivered_requests, 0u);
+  // The larger node's request wins every round (rule 3): the smaller node, a, is the passive
+  // peer and binds its attempt to b's request each time; b never has to.
+  EXPECT_EQ(sa.collisions_lost, kRounds);
+  EXPECT_EQ(sb.collisions_lost, 0u);
+  // The losing side's attempt is never reported as REJECTED by an application.
+  EXPECT_EQ(sa.rejects_received[static_cast<int>(RejectReason::application)], 0u);
+  EXPECT_EQ(sb.rejects_received[static_cast<int>(RejectReason::application)], 0u);
+}
+
+TEST(PeerToPeer, ConnectWhileARequestIsUndecidedIsEalready) {
+  Node a(0x1), b(0x2);
+  // b connects to a; a's application holds the CONNECT_REQUEST without deciding.
+  auto bid = std::move(CmId::create(*b.side.context, *b.side.channel).value());
+  ASSERT_TRUE(bid->resolve_addr(loopback(a.port)));
+  expect_event(*b.side.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(bid->resolve_route());
+  expect_event(*b.side.channel, CmEventType::route_resolved);
+  bid->create_qp(*b.side.pd, b.side.qp_attr()).value();
+  ASSERT_TRUE(bid->connect({}));
+  auto request = expect_event(*a.side.channel, CmEventType::connect_request);
+  ASSERT_TRUE(request.new_id);
+  // a now connects to b: the undecided request is the connection (rule 5).
+  auto aid = std::move(CmId::create(*a.side.context, *a.side.channel).value());
+  ASSERT_TRUE(aid->resolve_addr(loopback(b.port)));
+  expect_event(*a.side.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(aid->resolve_route());
+  expect_event(*a.side.channel, CmEventType::route_resolved);
+  aid->create_qp(*a.side.pd, a.side.qp_attr()).value();
+  EXPECT_EQ(aid->connect({}).error(), std::errc::connection_already_in_progress);
+  // Accepting it establishes; a second connect is then EISCONN.
+  request.new_id->create_qp(*a.side.pd, a.side.qp_attr()).value();
+  ASSERT_TRUE(request.new_id->accept({}));
+  expect_event(*a.side.channel, CmEventType::established);
+  expect_event(*b.side.channel, CmEventType::established);
+  EXPECT_EQ(aid->connect({}).error(), std::errc::already_connected);
+}
+
+TEST(PeerToPeer, OptionOffKeepsTheClientServerWire) {
+  // With the option off no CM header travels: the listener sees exactly the app's bytes and
+  // a simultaneous connect gives two connections (the "naive" model).
+  Node a(0x1), b(0x2);
+  auto bid = std::move(CmId::create(*b.side.context, *b.side.channel).value());
+  ASSERT_TRUE(bid->set_option(CmOption::peer_to_peer, 0));
+  EXPECT_EQ(bid->option(CmOption::peer_to_peer), 0);
+  ASSERT_TRUE(bid->resolve_addr(loopback(a.port)));
+  expect_event(*b.side.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(bid->resolve_route());
+  expect_event(*b.side.channel, CmEventType::route_resolved);
+  bid->create_qp(*b.side.pd, b.side.qp_attr()).value();
+  ConnParam param;
+  param.private_data = {1, 2, 3};
+  ASSERT_TRUE(bid->connect(param));
+  auto request = expect_event(*a.side.channel, CmEventType::connect_request);
+  EXPECT_EQ(request.param.private_data, param.private_data);
+}
+
+TEST(PeerToPeer, ProcessWideDefaultApplesToNewIds) {
+  Side s;
+  EXPECT_TRUE(default_peer_to_peer());
+  set_default_peer_to_peer(false);
+  auto off = std::move(CmId::create(*s.context, *s.channel).value());
+  set_default_peer_to_peer(true);
+  auto on = std::move(CmId::create(*s.context, *s.channel).value());
+  EXPECT_EQ(off->option(CmOption::peer_to_peer), 0);
+  EXPECT_EQ(on->option(CmOption::peer_to_peer), 1);
+}
+
+}  // namespace
+}  // namespace peercm::test
+
+namespace peercm::test {
+namespace {
+
+TEST(PeerToPeer, OneConnectionPerKeyUnlessTheTagDiffers) {
+  Node a(0x1), b(0x2);
+  auto connect_to_b = [&](std::uint32_t tag) {
+    auto id = std::move(CmId::create(*a.side.context, *a.side.channel).value());
+    EXPECT_TRUE(id->set_option(CmOption::p2p_tag, tag));
+    EXPECT_TRUE(id->resolve_addr(loopback(b.port)));
+    expect_event(*a.side.channel, CmEventType::addr_resolved);
+    EXPECT_TRUE(id->resolve_route());
+    expect_event(*a.side.channel, CmEventType::route_resolved);
+    id->create_qp(*a.side.pd, a.side.qp_attr()).value();
+    return id;
+  };
+  auto first = connect_to_b(7);
+  ASSERT_TRUE(first->connect({}));
+  auto second = connect_to_b(7);
+  EXPECT_EQ(second->connect({}).error(), std::errc::connection_already_in_progress) << "same key while resolving";
+  auto other_tag = connect_to_b(8);
+  EXPECT_TRUE(other_tag->connect({})) << "another tag is another key";
+  // b sees exactly two requests (tags 7 and 8); ESTABLISHED events may come in between.
+  int requests = 0;
+  for (auto e = b.side.channel->get_event(2s); e; e = b.side.channel->get_event(300ms)) {
+    if (e->type != CmEventType::connect_request) continue;
+    ++requests;
+    ASSERT_TRUE(e->new_id);
+    e->new_id->create_qp(*b.side.pd, b.side.qp_attr()).value();
+    ASSERT_TRUE(e->new_id->accept({}));
+    b.accepted.push_back(std::move(e->new_id));
+  }
+  EXPECT_EQ(requests, 2);
+}
+
+}  // namespace
+}  // namespace peercm::test

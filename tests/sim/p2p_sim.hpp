@@ -1,0 +1,42 @@
+// Deterministic simulation of the peer-to-peer connection model (design.md §3): N nodes, each
+// a P2pResolver driven by a small CM model, over a simulated network with a virtual clock. One
+// seed decides every delay, reorder, connect, close, crash and restart; the four properties of
+// design.md §3 are checked during and after every run. No sockets, no sleeps, no threads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace peercm::sim {
+
+struct SimConfig {
+  int nodes = 0;         // 2..6; 0: the seed picks
+  bool verbose = false;  // keep a readable trace of the run in SimResult::trace
+};
+
+struct SimStats {
+  std::uint64_t events = 0;
+  std::uint64_t attempts = 0;            // connects the resolver took (not EISCONN/EALREADY)
+  std::uint64_t established = 0;         // attempts that ended ESTABLISHED
+  std::uint64_t collisions = 0;          // accept_into_attempt, summed over nodes
+  std::uint64_t rejected_duplicate = 0;  // reject(duplicate), summed over nodes
+  std::uint64_t replaced = 0;            // rule 6 replacements (restart or stale)
+  std::uint64_t timed_out = 0;           // attempt_failed
+  std::uint64_t crashes = 0;
+  std::uint64_t work_requests = 0;
+};
+
+struct SimResult {
+  bool ok = true;
+  std::string violation;  // the first property that failed, with the virtual time
+  std::string trace;      // with SimConfig::verbose
+  SimStats stats;
+};
+
+SimResult run_p2p_simulation(std::uint64_t seed, const SimConfig& config);
+
+// The command line that replays `seed` exactly, with a trace: "<program> --seed S [--nodes K] --verbose".
+std::string replay_command(std::string_view program, std::uint64_t seed, const SimConfig& config);
+
+}  // namespace peercm::sim
