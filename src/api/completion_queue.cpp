@@ -76,7 +76,7 @@ Result<CompletionQueue*, std::errc> CompletionChannel::get_event(std::chrono::mi
         return cq;
       }
     }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (timeout.count() >= 0 && left.count() <= 0) return fail(std::errc::timed_out);
     if (context_.progress_mode() == ProgressMode::inline_) {
       context_.progress(std::chrono::milliseconds(timeout.count() < 0 ? 10 : std::min<long>(left.count(), 10)));

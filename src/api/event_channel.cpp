@@ -87,7 +87,7 @@ Result<CmEvent, std::errc> EventChannel::get_event(std::chrono::milliseconds tim
       for (auto& weak : impl_->inline_contexts)
         if (auto ctx = weak.lock()) inline_contexts.push_back(std::move(ctx));
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (timeout.count() >= 0 && left.count() <= 0) return fail(std::errc::timed_out);
     const long slice = timeout.count() < 0 ? 10 : std::clamp<long>(left.count(), 0, 10);
     if (!inline_contexts.empty()) {

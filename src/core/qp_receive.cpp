@@ -98,19 +98,30 @@ void QueuePairEngine::handle_placed(std::size_t n) {
 
 // ---------------------------------------------------------------- segment life cycle
 
+namespace {
+constexpr std::size_t kKeptStaging = 4096;  // small segments reuse their buffer
+}  // namespace
+
 void QueuePairEngine::on_segment_header(const wire::SegmentHeader& header, std::size_t payload_length) {
   rx_ = RxSegment{};
   rx_.header = header;
   rx_.length = payload_length;
   staged_ = 0;
-  if (params_.crc) return;  // checked once the CRC is verified (on_segment_end)
+  if (params_.crc) {
+    // Checked once the CRC is verified (on_segment_end); until then the payload waits here.
+    if (staging_capacity_ < payload_length) {
+      staging_.reset(new std::uint8_t[payload_length]);  // no zero fill: every byte is written first
+      staging_capacity_ = payload_length;
+    }
+    return;
+  }
   begin_segment(rx_.header, payload_length);
 }
 
 void QueuePairEngine::on_segment_payload(std::span<const std::uint8_t> payload) {
   if (params_.crc) {
-    const std::size_t n = std::min(payload.size(), staging_.size() - staged_);
-    std::memcpy(staging_.data() + staged_, payload.data(), n);
+    const std::size_t n = std::min(payload.size(), staging_capacity_ - staged_);
+    if (n > 0) std::memcpy(staging_.get() + staged_, payload.data(), n);
     staged_ += n;
     return;
   }
@@ -120,7 +131,11 @@ void QueuePairEngine::on_segment_payload(std::span<const std::uint8_t> payload) 
 void QueuePairEngine::on_segment_end() {
   if (params_.crc) {
     if (!begin_segment(rx_.header, rx_.length)) return;
-    place(std::span(staging_).first(staged_));
+    place(std::span<const std::uint8_t>(staging_.get(), staged_));
+    if (staging_capacity_ > kKeptStaging) {
+      staging_.reset();
+      staging_capacity_ = 0;
+    }
   }
   ++stats_.fpdus_received;
   first_fpdu_seen_ = true;

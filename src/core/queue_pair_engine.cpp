@@ -126,7 +126,6 @@ void QueuePairEngine::connect(const StreamParams& params) {
   // RFC 5044 §4.5: MULPDU stays within 128..64768.
   mulpdu_ = std::clamp(params.mulpdu, wire::kMinMulpdu, wire::kMaxMulpdu);
   decoder_.emplace(params.crc);
-  if (params.crc) staging_.resize(wire::kMaxUlpduLength);
   if (state_ == QpState::error) {
     // Failed before the stream existed: only the Terminate (if any) goes out.
     if (terminate_ && !terminate_framed_) queue_terminate_fpdu();

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <span>
 #include <system_error>
@@ -289,7 +290,10 @@ class QueuePairEngine {
   bool first_fpdu_seen_ = false;
   RxSegment rx_;
   std::size_t staged_ = 0;
-  std::vector<std::uint8_t> staging_;  // CRC on: a segment's payload, placed once the CRC checked
+  // CRC on: a segment's payload, placed once the CRC checked. Sized per segment and released
+  // after a large one, so an idle connection holds at most kKeptStaging bytes.
+  std::unique_ptr<std::uint8_t[]> staging_;
+  std::size_t staging_capacity_ = 0;
   std::array<std::uint8_t, wire::kUlpduLengthSize + wire::kMaxSegmentHeaderSize> raw_{};
   std::size_t raw_filled_ = 0;
   bool raw_complete_ = false;  // the header of the current FPDU is captured
