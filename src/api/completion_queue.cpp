@@ -112,8 +112,11 @@ CompletionQueue::~CompletionQueue() {
 
 std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) {
   if (impl_->count.load(std::memory_order_acquire) == 0) {
-    if (context_.progress_mode() != ProgressMode::inline_) return 0;
-    context_.progress();
+    if (context_.progress_mode() == ProgressMode::inline_) {
+      context_.progress();
+    } else {
+      context_.impl().try_progress();
+    }
     if (impl_->count.load(std::memory_order_acquire) == 0) return 0;
   }
   std::lock_guard lock(impl_->context->mutex);

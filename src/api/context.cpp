@@ -29,6 +29,12 @@ void ContextImpl::progress(std::chrono::milliseconds max_wait) {
   reactor.run_once(lock, max_wait);
 }
 
+void ContextImpl::try_progress() {
+  std::unique_lock lock(mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // the progress thread is at work: nothing to gain
+  reactor.run_once(lock, std::chrono::milliseconds(0));
+}
+
 }  // namespace detail
 
 Result<std::unique_ptr<Context>, std::errc> Context::open(const ContextOptions& options) {

@@ -25,6 +25,9 @@ struct ContextImpl {
   std::uint32_t next_cmid() { return ++cmid_counter; }
   // Inline mode: run the reactor once on the caller's thread.
   void progress(std::chrono::milliseconds max_wait);
+  // Thread mode: a polling application thread may run one non-blocking reactor pass itself
+  // when the lock is free, instead of waiting for the progress thread to wake up.
+  void try_progress();
 
   std::mutex mutex;  // guards everything below and every core of this context
   engine::Reactor reactor{mutex};
