@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "hex_bytes.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -19,33 +21,9 @@
 namespace peercm::wire {
 namespace {
 
-using Bytes = std::vector<std::uint8_t>;
+using test::Bytes;
+using test::hex;
 
-// Hex digits; spaces, '|' and other separators are ignored.
-Bytes hex(std::string_view text) {
-  Bytes out;
-  int high = -1;
-  for (const char c : text) {
-    int digit = 0;
-    if (c >= '0' && c <= '9') {
-      digit = c - '0';
-    } else if (c >= 'a' && c <= 'f') {
-      digit = c - 'a' + 10;
-    } else if (c >= 'A' && c <= 'F') {
-      digit = c - 'A' + 10;
-    } else {
-      continue;
-    }
-    if (high < 0) {
-      high = digit;
-    } else {
-      out.push_back(static_cast<std::uint8_t>((high << 4) | digit));
-      high = -1;
-    }
-  }
-  EXPECT_LT(high, 0) << "odd number of hex digits in " << text;
-  return out;
-}
 
 Bytes concat(Bytes a, const Bytes& b) {
   a.insert(a.end(), b.begin(), b.end());
