@@ -4,10 +4,10 @@
 set -euo pipefail
 
 packages=(
-  g++ cmake ninja-build pkg-config git
+  g++ cmake ninja-build pkg-config git python3
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-  tshark
+  tshark iproute2
 )
 
 missing=()

@@ -27,9 +27,8 @@ WcOpcode wc_opcode(WrOpcode op) {
 QueuePairEngine::QueuePairEngine(const QpConfig& config, MemoryTable& memory, CompletionSink& send_cq,
                                  CompletionSink& recv_cq)
     : config_(config), memory_(memory), send_cq_(send_cq), recv_cq_(recv_cq), ring_(kTxSlots) {
-  // Prefix, one piece per SGE at most, trailer: no allocation while framing.
-  const std::size_t pieces = std::max<std::size_t>(config_.caps.max_send_sge, 1) + 2;
-  for (TxSlot& slot : ring_) slot.pieces.reserve(pieces);
+  // A slot's piece list grows on its first use and keeps its capacity: creating a QP (which
+  // connection setup does N times) allocates nothing per slot, framing soon allocates nothing.
 }
 
 // ---------------------------------------------------------------- verbs inputs

@@ -1,10 +1,14 @@
 // `peercm mesh`: N ranks, all-to-all at the same moment, connections on demand (design.md §5).
 //
 //   peercm mesh --ranks N [--model p2p|static|naive] [--bootstrap local] [--json]
+//   peercm mesh --ranks N --bootstrap file --bootstrap-dir DIR --rank I [--bind ADDR] ...
 //
-// Rank 0 is this process. With `--bootstrap local` it spawns ranks 1..N-1 (fork + exec of
-// /proc/self/exe with the hidden arguments --rank and --bootstrap-fd) and relays the bootstrap
-// collectives over socketpairs (src/mesh/local_bootstrap.hpp). Every rank:
+// With `--bootstrap local` (the default) rank 0 is this process: it spawns ranks 1..N-1 (fork
+// + exec of /proc/self/exe with the hidden arguments --rank and --bootstrap-fd) and relays the
+// bootstrap collectives over socketpairs (src/mesh/local_bootstrap.hpp). With `--bootstrap
+// file` every rank is started separately (e.g. one per network namespace, each with its own
+// --bind address) and the collectives go through files in a fresh shared directory
+// (src/mesh/file_bootstrap.hpp); rank 0 prints the summary. Every rank:
 //   1. creates its Mesh, listening on --bind:0, and allgathers the listening addresses;
 //   2. passes a barrier, then at once sends one message to every other rank (so that the
 //      connects of every pair collide), receives and verifies one message from every rank
@@ -43,6 +47,7 @@
 #include <thread>
 
 #include "endpoint.hpp"
+#include "mesh/file_bootstrap.hpp"
 #include "mesh/local_bootstrap.hpp"
 #include "peercm/mesh.hpp"
 #include "subcommands.hpp"
@@ -64,7 +69,9 @@ struct MeshToolOptions {
   std::string crc;
   std::string progress = "thread";
   bool verbose = false;
-  // Hidden: set by rank 0 for the ranks it spawns.
+  std::string bootstrap_dir;  // --bootstrap file
+  // --bootstrap file: this process's rank. --bootstrap local: hidden, set by rank 0 for the
+  // ranks it spawns (with the descriptor of their socketpair).
   int rank = -1;
   int bootstrap_fd = -1;
   int crash_rank = -1;  // testing: this rank exits abruptly after the start barrier
@@ -424,9 +431,18 @@ int run_mesh(const MeshToolOptions& o) {
   const auto start = Clock::now();
   const auto timeout = std::chrono::duration_cast<milliseconds>(std::chrono::duration<double>(o.timeout));
   const auto deadline = start + timeout;
-  const bool is_root = o.rank < 0;
-  std::unique_ptr<mesh::LocalBootstrap> boot;
-  if (is_root) {
+  const bool file = o.bootstrap == "file";
+  const bool is_root = file ? o.rank == 0 : o.rank < 0;
+  std::unique_ptr<mesh::Bootstrap> boot;
+  mesh::LocalBootstrap* local = nullptr;  // --bootstrap local: rank 0 owns the children
+  if (file) {
+    auto created = mesh::FileBootstrap::create(o.rank, o.ranks, o.bootstrap_dir);
+    if (!created)
+      throw ToolError(fmt::format("rank {}: bootstrap directory {}: {}", o.rank, o.bootstrap_dir,
+                                  created.error() == std::errc::file_exists ? "used by an earlier job (not fresh)"
+                                                                            : errc_text(created.error())));
+    boot = std::move(*created);
+  } else if (is_root) {
     auto spawned = mesh::LocalBootstrap::spawn(o.ranks, "/proc/self/exe", [&](int rank, int fd) {
       std::vector<std::string> args{"peercm", "mesh", "--ranks", std::to_string(o.ranks), "--model", o.model,
                                     "--bootstrap", o.bootstrap, "--timeout", fmt::format("{}", o.timeout),
@@ -438,8 +454,9 @@ int run_mesh(const MeshToolOptions& o) {
       return args;
     });
     if (!spawned) throw ToolError(fmt::format("cannot start the ranks: {}", errc_text(spawned.error())));
+    local = spawned->get();
     boot = std::move(*spawned);
-    g_children = boot->children();
+    g_children = local->children();
     std::erase(g_children, 0);
   } else {
     auto attached = mesh::LocalBootstrap::attach(o.rank, o.ranks, o.bootstrap_fd);
@@ -458,7 +475,7 @@ int run_mesh(const MeshToolOptions& o) {
       fmt::print(stderr, "peercm mesh rank {}: {}\n", o.rank, e.what());
       return 1;
     }
-    boot->kill_children();
+    if (local) local->kill_children();
     const json failed{{"ranks", o.ranks}, {"model", o.model}, {"ok", false},
                       {"errors", {fmt::format("bootstrap: {}", e.what())}}};
     if (o.json) {
@@ -472,7 +489,9 @@ int run_mesh(const MeshToolOptions& o) {
     g_finished = true;
     return 0;
   }
-  const auto statuses = boot->wait_children(std::min(milliseconds(5000), left_until(deadline + milliseconds(1000))));
+  const auto statuses =
+      local ? local->wait_children(std::min(milliseconds(5000), left_until(deadline + milliseconds(1000))))
+            : std::vector<int>{};
   g_finished = true;
   const json summary = summarize_job(o, table, statuses);
   print_summary(o, summary);
@@ -483,30 +502,44 @@ int run_mesh(const MeshToolOptions& o) {
 
 void add_mesh(CLI::App& app) {
   auto o = std::make_shared<MeshToolOptions>();
-  auto* cmd = app.add_subcommand("mesh", "N ranks on this host, all-to-all at once, connections on demand");
+  auto* cmd = app.add_subcommand("mesh", "N ranks, all-to-all at once, connections on demand");
   cmd->option_defaults()->always_capture_default();
-  cmd->add_option("--ranks", o->ranks, "Number of ranks (this process is rank 0)")->check(CLI::Range(1, kMaxRanks));
+  cmd->add_option("--ranks", o->ranks, "Number of ranks (local bootstrap: this process is rank 0)")
+      ->check(CLI::Range(1, kMaxRanks));
   cmd->add_option("--model", o->model, "Connection model: p2p (CM resolves collisions), static (lower rank "
                                        "connects), naive (both connect, duplicates kept)")
       ->check(CLI::IsMember({"p2p", "static", "naive"}));
-  cmd->add_option("--bootstrap", o->bootstrap, "How ranks find each other")->check(CLI::IsMember({"local"}));
+  cmd->add_option("--bootstrap", o->bootstrap,
+                  "How ranks find each other: local (rank 0 spawns the others), file (each rank started "
+                  "separately with --rank, collectives through files in --bootstrap-dir)")
+      ->check(CLI::IsMember({"local", "file"}));
+  cmd->add_option("--bootstrap-dir", o->bootstrap_dir,
+                  "--bootstrap file: a fresh directory shared by every rank of the job")
+      ->type_name("DIR");
   cmd->add_option("--timeout", o->timeout, "Global timeout in seconds (then every rank is killed)")
       ->check(CLI::Range(1.0, 3600.0));
   cmd->add_option("--size", o->size, "Bytes per message")->check(CLI::Range(kMinSize, kMaxSize));
-  cmd->add_option("--bind", o->bind, "Address every rank listens on (port chosen by the system)")->type_name("ADDR");
+  cmd->add_option("--bind", o->bind,
+                  "Address the rank listens on (port chosen by the system); local: every rank")
+      ->type_name("ADDR");
   cmd->add_option("--crc", o->crc, "MPA CRC: on (required) or off (default: preferred)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--progress", o->progress, "Progress mode")->check(CLI::IsMember({"thread", "inline"}));
   cmd->add_flag("--json", o->json, "Print the summary as JSON");
   cmd->add_flag("-v,--verbose", o->verbose, "Report per-rank errors on stderr as they happen");
-  cmd->add_option("--rank", o->rank, "(internal) rank of a spawned process")->group("");
+  cmd->add_option("--rank", o->rank, "--bootstrap file: this process's rank (0: prints the summary)");
   cmd->add_option("--bootstrap-fd", o->bootstrap_fd, "(internal) bootstrap socket of a spawned process")->group("");
   cmd->add_option("--crash-rank", o->crash_rank, "(testing) this rank exits abruptly after the start barrier")
       ->group("");
   cmd->callback([o] {
     try {
-      if (o->rank >= 0 && (o->rank == 0 || o->rank >= o->ranks || o->bootstrap_fd < 0))
-        throw CLI::ValidationError("mesh", "--rank and --bootstrap-fd are for spawned ranks");
+      if (o->bootstrap == "file") {
+        if (o->rank < 0 || o->rank >= o->ranks || o->bootstrap_dir.empty() || o->bootstrap_fd >= 0)
+          throw CLI::ValidationError("mesh", "--bootstrap file needs --rank 0..N-1 and --bootstrap-dir");
+      } else if (!o->bootstrap_dir.empty() ||
+                 (o->rank >= 0 && (o->rank == 0 || o->rank >= o->ranks || o->bootstrap_fd < 0))) {
+        throw CLI::ValidationError("mesh", "--rank and --bootstrap-fd are for spawned ranks; --bootstrap-dir for file");
+      }
       exit_status = run_mesh(*o);
     } catch (const ToolError& e) {
       fmt::print(stderr, "peercm mesh: error: {}\n", e.what());
