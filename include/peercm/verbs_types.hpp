@@ -37,6 +37,8 @@ struct SendWr {
   WrOpcode opcode = WrOpcode::send;
   std::uint32_t flags = 0;
   std::vector<Sge> sg_list;
+  // RDMA Read: exactly one SGE, the sink; as in every iWARP stack its region needs
+  // kAccessRemoteWrite, because the peer's Read Response is a tagged write into it.
   std::uint64_t remote_addr = 0;      // RDMA Write / Read: the peer's tagged offset
   std::uint32_t rkey = 0;             // RDMA Write / Read: the peer's STag
   std::uint32_t invalidate_rkey = 0;  // Send with Invalidate: the peer's STag to invalidate
