@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   tshark iproute2
+  libpmix-dev openmpi-bin
 )
 
 missing=()

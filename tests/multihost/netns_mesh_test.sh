@@ -7,6 +7,9 @@
 # N(N-1)/2 connections, no duplicate, every message verified.
 #
 #   netns_mesh_test.sh PEERCM [--ranks N=4] [--model p2p|static|naive] [--timeout SEC=15]
+#   netns_mesh_test.sh PEERCM --loopback [...]
+#       The same ranks and checks without namespaces, every rank on 127.0.0.1 (no root
+#       needed): the file bootstrap with separately started ranks, on any machine.
 #
 # Needs root and iproute2. Exit 77 (CTest SKIP_RETURN_CODE) when not root, `ip` is missing
 # or namespaces cannot be created here; 0 when the mesh passed; 1 otherwise. The namespaces
@@ -23,36 +26,26 @@ shift
 ranks=4
 model=p2p
 timeout=15
+loopback=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --ranks) ranks=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
+    --loopback) loopback=1; shift ;;
     *) die "unknown argument $1" ;;
   esac
 done
 [[ $ranks -ge 2 && $ranks -le 200 ]] || die "--ranks must be 2..200"
 [[ -x $peercm ]] || die "$peercm is not executable"
 
-[[ $(id -u) -eq 0 ]] || skip "not root: network namespaces need CAP_SYS_ADMIN"
-command -v ip >/dev/null 2>&1 || skip "ip (iproute2) not found"
 command -v python3 >/dev/null 2>&1 || skip "python3 not found (checks the JSON)"
-
+address() { if [[ $loopback -eq 1 ]]; then echo 127.0.0.1; else echo "10.77.0.$(($1 + 1))"; fi; }
+in_namespace() { if [[ $loopback -eq 1 ]]; then "$@"; else ip netns exec "$prefix$rank" "$@"; fi; }
 prefix=pcm-ns
-bridge_ns=${prefix}br
-namespaces=("$bridge_ns")
-for ((i = 0; i < ranks; i++)); do namespaces+=("$prefix$i"); done
-
-# One run at a time on this machine (two build trees may run their tests at once).
-lock=/run/lock/peercm-netns-test.lock
-[[ -d /run/lock ]] || lock=/tmp/peercm-netns-test.lock
-exec 9>"$lock"
-if command -v flock >/dev/null 2>&1; then
-  flock -w 60 9 || die "another run holds $lock"
-fi
-
 work=
 pids=()
+namespaces=()
 cleanup() {
   for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
@@ -62,10 +55,26 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
 
+started=$(date +%s.%N)
+if [[ $loopback -eq 0 ]]; then
+  [[ $(id -u) -eq 0 ]] || skip "not root: network namespaces need CAP_SYS_ADMIN"
+  command -v ip >/dev/null 2>&1 || skip "ip (iproute2) not found"
+
+  bridge_ns=${prefix}br
+  namespaces=("$bridge_ns")
+  for ((i = 0; i < ranks; i++)); do namespaces+=("$prefix$i"); done
+
+  # One run at a time on this machine (two build trees may run their tests at once).
+  lock=/run/lock/peercm-netns-test.lock
+  [[ -d /run/lock ]] || lock=/tmp/peercm-netns-test.lock
+  exec 9>"$lock"
+  if command -v flock >/dev/null 2>&1; then
+    flock -w 60 9 || die "another run holds $lock"
+fi
+
 # Left over by a run that was killed (SIGKILL skips the trap): ours by name, and we hold the lock.
 for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null; done
 
-started=$(date +%s.%N)
 ip netns add "$bridge_ns" 2>/dev/null || skip "cannot create network namespaces here (ip netns add failed)"
 set -e
 ip -n "$bridge_ns" link add br0 type bridge
@@ -80,14 +89,15 @@ for ((i = 0; i < ranks; i++)); do
   ip -n "$ns" link set eth0 up
 done
 set +e
+fi
 network_ready=$(date +%s.%N)
 
 work=$(mktemp -d /tmp/peercm-netns-mesh.XXXXXX)
 mkdir "$work/bootstrap"
-for ((i = 0; i < ranks; i++)); do
-  ip netns exec "$prefix$i" "$peercm" mesh --ranks "$ranks" --model "$model" --bootstrap file \
-    --bootstrap-dir "$work/bootstrap" --rank "$i" --bind "10.77.0.$((i + 1))" --timeout "$timeout" --json -v \
-    >"$work/out-$i" 2>"$work/err-$i" &
+for ((rank = 0; rank < ranks; rank++)); do
+  in_namespace "$peercm" mesh --ranks "$ranks" --model "$model" --bootstrap file \
+    --bootstrap-dir "$work/bootstrap" --rank "$rank" --bind "$(address "$rank")" --timeout "$timeout" --json -v \
+    >"$work/out-$rank" 2>"$work/err-$rank" &
   pids+=($!)
 done
 failed=0
@@ -128,5 +138,9 @@ PY
 
 python3 -c 'import sys; a, b, c, d = map(float, sys.argv[1:]); print(f"network setup {b - a:.2f} s, mesh run {c - b:.2f} s, total {d - a:.2f} s")' \
   "$started" "$network_ready" "$finished" "$(date +%s.%N)"
-[[ $failed -eq 0 ]] || die "the mesh across $ranks namespaces failed"
-echo "PASS: $ranks ranks in $ranks network namespaces, model $model"
+[[ $failed -eq 0 ]] || die "the mesh of $ranks separately started ranks failed"
+if [[ $loopback -eq 1 ]]; then
+  echo "PASS: $ranks ranks on 127.0.0.1 (file bootstrap), model $model"
+else
+  echo "PASS: $ranks ranks in $ranks network namespaces, model $model"
+fi

@@ -2,13 +2,16 @@
 //
 //   peercm mesh --ranks N [--model p2p|static|naive] [--bootstrap local] [--json]
 //   peercm mesh --ranks N --bootstrap file --bootstrap-dir DIR --rank I [--bind ADDR] ...
+//   mpirun -np N peercm mesh --bootstrap pmix ...      (when built with PMIx)
 //
 // With `--bootstrap local` (the default) rank 0 is this process: it spawns ranks 1..N-1 (fork
 // + exec of /proc/self/exe with the hidden arguments --rank and --bootstrap-fd) and relays the
 // bootstrap collectives over socketpairs (src/mesh/local_bootstrap.hpp). With `--bootstrap
 // file` every rank is started separately (e.g. one per network namespace, each with its own
 // --bind address) and the collectives go through files in a fresh shared directory
-// (src/mesh/file_bootstrap.hpp); rank 0 prints the summary. Every rank:
+// (src/mesh/file_bootstrap.hpp); rank 0 prints the summary. With `--bootstrap pmix` the
+// launcher started every rank: rank and size come from PMIx (--ranks is ignored) and the
+// collectives are PMIx fences (src/mesh/pmix_bootstrap.hpp). Every rank:
 //   1. creates its Mesh, listening on --bind:0, and allgathers the listening addresses;
 //   2. passes a barrier, then at once sends one message to every other rank (so that the
 //      connects of every pair collide), receives and verifies one message from every rank
@@ -49,6 +52,9 @@
 #include "endpoint.hpp"
 #include "mesh/file_bootstrap.hpp"
 #include "mesh/local_bootstrap.hpp"
+#ifdef PEERCM_HAVE_PMIX
+#include "mesh/pmix_bootstrap.hpp"
+#endif
 #include "peercm/mesh.hpp"
 #include "subcommands.hpp"
 
@@ -427,15 +433,30 @@ void start_watchdog(Clock::time_point deadline, bool is_root) {
   }).detach();
 }
 
-int run_mesh(const MeshToolOptions& o) {
+int run_mesh(const MeshToolOptions& options) {
+  MeshToolOptions o = options;
   const auto start = Clock::now();
   const auto timeout = std::chrono::duration_cast<milliseconds>(std::chrono::duration<double>(o.timeout));
   const auto deadline = start + timeout;
   const bool file = o.bootstrap == "file";
-  const bool is_root = file ? o.rank == 0 : o.rank < 0;
   std::unique_ptr<mesh::Bootstrap> boot;
   mesh::LocalBootstrap* local = nullptr;  // --bootstrap local: rank 0 owns the children
-  if (file) {
+  if (o.bootstrap == "pmix") {
+#ifdef PEERCM_HAVE_PMIX
+    std::string why;
+    auto created = mesh::PmixBootstrap::create(&why);
+    if (!created) throw ToolError(fmt::format("PMIx: {} (not started by a PMIx launcher?)", why));
+    o.rank = (*created)->rank();
+    o.ranks = (*created)->size();
+    boot = std::move(*created);
+#else
+    throw ToolError("this peercm was built without PMIx");
+#endif
+  }
+  const bool is_root = (file || boot != nullptr) ? o.rank == 0 : o.rank < 0;
+  if (boot) {
+    // PMIx: done above.
+  } else if (file) {
     auto created = mesh::FileBootstrap::create(o.rank, o.ranks, o.bootstrap_dir);
     if (!created)
       throw ToolError(fmt::format("rank {}: bootstrap directory {}: {}", o.rank, o.bootstrap_dir,
@@ -511,8 +532,9 @@ void add_mesh(CLI::App& app) {
       ->check(CLI::IsMember({"p2p", "static", "naive"}));
   cmd->add_option("--bootstrap", o->bootstrap,
                   "How ranks find each other: local (rank 0 spawns the others), file (each rank started "
-                  "separately with --rank, collectives through files in --bootstrap-dir)")
-      ->check(CLI::IsMember({"local", "file"}));
+                  "separately with --rank, collectives through files in --bootstrap-dir), pmix (started "
+                  "by mpirun/prterun/srun; when built with PMIx)")
+      ->check(CLI::IsMember({"local", "file", "pmix"}));
   cmd->add_option("--bootstrap-dir", o->bootstrap_dir,
                   "--bootstrap file: a fresh directory shared by every rank of the job")
       ->type_name("DIR");
@@ -536,6 +558,9 @@ void add_mesh(CLI::App& app) {
       if (o->bootstrap == "file") {
         if (o->rank < 0 || o->rank >= o->ranks || o->bootstrap_dir.empty() || o->bootstrap_fd >= 0)
           throw CLI::ValidationError("mesh", "--bootstrap file needs --rank 0..N-1 and --bootstrap-dir");
+      } else if (o->bootstrap == "pmix") {
+        if (o->rank >= 0 || o->bootstrap_fd >= 0 || !o->bootstrap_dir.empty())
+          throw CLI::ValidationError("mesh", "--bootstrap pmix takes rank and size from the launcher");
       } else if (!o->bootstrap_dir.empty() ||
                  (o->rank >= 0 && (o->rank == 0 || o->rank >= o->ranks || o->bootstrap_fd < 0))) {
         throw CLI::ValidationError("mesh", "--rank and --bootstrap-fd are for spawned ranks; --bootstrap-dir for file");

@@ -70,6 +70,8 @@ enum PerfControl : std::uint32_t { kFin = 1, kDone = 2, kCredit = 3 };
 
 // --spin-us: how long idle busy polls spin before yielding (both ends of this process).
 std::optional<std::chrono::microseconds> g_spin;
+// --wait block: sleep on the completion channel between completions (like a blocking recv).
+bool g_block = false;
 
 void apply_spin(Endpoint& ep) {
   if (g_spin) ep.set_spin(*g_spin);
@@ -142,7 +144,7 @@ EndpointConfig perf_config(const PerfParams& p) {
   c.caps.max_recv_wr = kRecvDepth + kCtrlSlots + 16;
   c.cq_capacity = c.caps.max_send_wr + c.caps.max_recv_wr + 64;
   c.sig_all = false;
-  c.event_driven = false;  // busy polling, as perftest does
+  c.event_driven = g_block;  // default: busy polling, as perftest does
   return c;
 }
 
@@ -477,6 +479,7 @@ struct PerfOptions {
   std::string crc;
   std::string progress = "thread";
   std::int64_t spin_us = -1;
+  std::string wait = "poll";
   bool json = false;
 };
 
@@ -660,9 +663,12 @@ void add_perf(CLI::App& app) {
   cmd->add_option("--spin-us", o->spin_us,
                   "Idle busy polls spin this long before yielding the CPU (-1: 0 with progress threads, "
                   "50 inline)");
+  cmd->add_option("--wait", o->wait, "poll: busy-poll the CQ (perftest style); block: sleep on the completion channel")
+      ->check(CLI::IsMember({"poll", "block"}));
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   cmd->callback([o] {
     if (o->spin_us >= 0) g_spin = std::chrono::microseconds(o->spin_us);
+    g_block = o->wait == "block";
     if (!o->loopback && !o->server && o->client.empty())
       throw CLI::ValidationError("perf", "give --loopback, --server or --client ADDR");
     try {
