@@ -373,8 +373,7 @@ void Connection::transmit() {
     want_write_ = false;
     update_interest();
   }
-  drain_qp_events();
-  if (qp_ && qp_->engine.transmit_closed() && !qp_->engine.has_transmit()) close_socket();
+  drain_qp_events();  // closes the socket once the engine has nothing more to send
 }
 
 void Connection::drain_qp_events() {
@@ -383,7 +382,8 @@ void Connection::drain_qp_events() {
   while (auto event = qp_->engine.poll_event()) {
     if (auto callback = callbacks_.qp_event) callback(*event);
   }
-  if (qp_ && qp_->engine.transmit_closed() && !qp_->engine.has_transmit() && fd_ >= 0) close_socket();
+  // Nothing more will be sent (Terminate out, or flushed after a disconnect): close.
+  if (qp_ && qp_->engine.transmit_closed() && !qp_->engine.has_transmit()) close_socket();
 }
 
 void Connection::accept(std::shared_ptr<QueuePairImpl> qp, std::uint16_t ird, std::uint16_t ord,
@@ -411,7 +411,6 @@ void Connection::disconnect() {
     qp_->engine.disconnect();
     transmit();
     drain_qp_events();
-    if (fd_ >= 0 && qp_->engine.transmit_closed() && !qp_->engine.has_transmit()) close_socket();
   } else {
     close_socket();
   }

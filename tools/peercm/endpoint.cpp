@@ -269,21 +269,19 @@ void Endpoint::post_send(Buffer& buffer, std::size_t offset, std::size_t length,
 
 void Endpoint::post_write(Buffer& buffer, std::size_t offset, std::size_t length, std::uint64_t remote_addr,
                           std::uint32_t rkey, std::uint64_t wr_id, std::uint32_t flags) {
-  SendWr wr;
-  wr.wr_id = wr_id;
-  wr.opcode = WrOpcode::rdma_write;
-  wr.flags = flags;
-  wr.sg_list.push_back(buffer.sge(offset, length));
-  wr.remote_addr = remote_addr;
-  wr.rkey = rkey;
-  post(wr);
+  post_rdma(WrOpcode::rdma_write, buffer, offset, length, remote_addr, rkey, wr_id, flags);
 }
 
 void Endpoint::post_read(Buffer& buffer, std::size_t offset, std::size_t length, std::uint64_t remote_addr,
                          std::uint32_t rkey, std::uint64_t wr_id, std::uint32_t flags) {
+  post_rdma(WrOpcode::rdma_read, buffer, offset, length, remote_addr, rkey, wr_id, flags);
+}
+
+void Endpoint::post_rdma(WrOpcode opcode, Buffer& buffer, std::size_t offset, std::size_t length,
+                         std::uint64_t remote_addr, std::uint32_t rkey, std::uint64_t wr_id, std::uint32_t flags) {
   SendWr wr;
   wr.wr_id = wr_id;
-  wr.opcode = WrOpcode::rdma_read;
+  wr.opcode = opcode;
   wr.flags = flags;
   wr.sg_list.push_back(buffer.sge(offset, length));
   wr.remote_addr = remote_addr;

@@ -176,6 +176,8 @@ class Endpoint {
                  std::uint32_t rkey, std::uint64_t wr_id, std::uint32_t flags = 0);
   void post_recv(Buffer& buffer, std::size_t offset, std::size_t length, std::uint64_t wr_id);
   void post(const SendWr& wr);
+  void post_rdma(WrOpcode opcode, Buffer& buffer, std::size_t offset, std::size_t length, std::uint64_t remote_addr,
+                 std::uint32_t rkey, std::uint64_t wr_id, std::uint32_t flags);
 
   // Completions with an error status throw ToolError.
   std::size_t poll(std::span<WorkCompletion> out);
