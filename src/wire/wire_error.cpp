@@ -29,6 +29,29 @@ std::string_view to_string(WireError error) {
     case WireError::cm_unsupported_version: return "CM header version not supported";
     case WireError::cm_bad_length: return "CM header length wrong";
     case WireError::cm_reserved_bits_set: return "CM header has reserved bits set";
+    case WireError::roce_bad_transport_version: return "RoCE BTH transport version is not 0";
+    case WireError::roce_unsupported_opcode: return "RoCE opcode not supported";
+    case WireError::roce_bad_length: return "RoCE packet length invalid";
+    case WireError::roce_bad_pad_count: return "RoCE pad count larger than the data present";
+    case WireError::roce_unexpected_payload: return "RoCE payload on an opcode that carries none";
+    case WireError::roce_bad_aeth: return "RoCE AETH syndrome reserved";
+    case WireError::roce_bad_icrc: return "RoCE ICRC mismatch";
+    case WireError::roce_field_out_of_range: return "RoCE field value wider than its wire field";
+    case WireError::roce_bad_ip_header: return "IP/UDP header of a RoCEv2 datagram invalid";
+    case WireError::gsi_not_a_mad_datagram: return "not a UD SEND ONLY to QP1";
+    case WireError::gsi_bad_qkey: return "GSI datagram with a Q_Key other than 0x80010000";
+    case WireError::mad_bad_length: return "MAD is not 256 bytes";
+    case WireError::mad_bad_base_version: return "MAD base version is not 1";
+    case WireError::mad_bad_class: return "MAD management class is not CM";
+    case WireError::mad_bad_class_version: return "CM class version is not 2";
+    case WireError::mad_bad_method: return "CM MAD method is not Send";
+    case WireError::ibcm_unknown_attribute: return "CM attribute ID not supported";
+    case WireError::ibcm_reserved_value: return "CM field holds a reserved value";
+    case WireError::ibcm_field_out_of_range: return "CM field value wider than its wire field";
+    case WireError::ibcm_private_data_too_long: return "CM private data too long for the message";
+    case WireError::ibcm_not_ip_service_id: return "service ID is not an rdma_cm IP service ID";
+    case WireError::cma_unsupported_version: return "rdma_cm private-data header version not supported";
+    case WireError::cma_bad_ip_version: return "rdma_cm private-data header IP version is not 4 or 6";
   }
   return "unknown wire error";
 }

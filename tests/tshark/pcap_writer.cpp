@@ -10,6 +10,7 @@ constexpr std::uint16_t kPcapVersionMajor = 2;
 constexpr std::uint16_t kPcapVersionMinor = 4;
 constexpr std::uint32_t kSnapLength = 0xFFFF;
 constexpr std::uint8_t kIpProtocolTcp = 6;
+constexpr std::uint8_t kIpProtocolUdp = 17;
 constexpr std::uint8_t kIpTtl = 64;
 constexpr std::uint16_t kIpDontFragment = 0x4000;
 constexpr std::uint64_t kPacketSpacingUs = 100;
@@ -103,7 +104,62 @@ std::vector<std::uint8_t> build_ipv4_tcp_packet(const TcpSegment& s) {
   return packet;
 }
 
-PcapFile::PcapFile(const std::filesystem::path& path) : out_(path, std::ios::binary | std::ios::trunc) {
+std::vector<std::uint8_t> build_ipv4_udp_packet(const UdpDatagram& d) {
+  if (d.payload.size() > 0xFFFF - kIpv4HeaderSize - kUdpHeaderSize)
+    throw std::length_error("UDP payload too large for one IPv4 packet");
+  const std::size_t udp_length = kUdpHeaderSize + d.payload.size();
+  const std::size_t total_length = kIpv4HeaderSize + udp_length;
+  std::vector<std::uint8_t> packet(total_length, 0);
+  std::uint8_t* ip = packet.data();
+  ip[0] = 0x45;
+  ip[1] = d.tos;
+  put_be16(ip + 2, static_cast<std::uint16_t>(total_length));
+  put_be16(ip + 4, d.ip_id);
+  put_be16(ip + 6, d.dont_fragment ? kIpDontFragment : 0);
+  ip[8] = d.ttl;
+  ip[9] = kIpProtocolUdp;
+  for (std::size_t i = 0; i < 4; ++i) {
+    ip[12 + i] = d.source.address[i];
+    ip[16 + i] = d.destination.address[i];
+  }
+  put_be16(ip + 10, internet_checksum(std::span<const std::uint8_t>(ip, kIpv4HeaderSize)));
+
+  std::uint8_t* udp = ip + kIpv4HeaderSize;
+  put_be16(udp, d.source.port);
+  put_be16(udp + 2, d.destination.port);
+  put_be16(udp + 4, static_cast<std::uint16_t>(udp_length));
+  for (std::size_t i = 0; i < d.payload.size(); ++i) udp[kUdpHeaderSize + i] = d.payload[i];
+  if (d.udp_checksum) {
+    std::array<std::uint8_t, 12> pseudo{};
+    for (std::size_t i = 0; i < 4; ++i) {
+      pseudo[i] = d.source.address[i];
+      pseudo[4 + i] = d.destination.address[i];
+    }
+    pseudo[9] = kIpProtocolUdp;
+    put_be16(pseudo.data() + 10, static_cast<std::uint16_t>(udp_length));
+    std::uint16_t sum =
+        internet_checksum(std::span<const std::uint8_t>(udp, udp_length), ones_complement_sum(pseudo, 0));
+    if (sum == 0) sum = 0xFFFF;  // RFC 768: a computed zero is sent as all ones
+    put_be16(udp + 6, sum);
+  }
+  return packet;
+}
+
+std::vector<std::uint8_t> build_ethernet_frame(const MacAddress& source, const MacAddress& destination,
+                                               std::uint16_t ethertype, std::span<const std::uint8_t> payload) {
+  if (payload.size() > 0xFFFF) throw std::length_error("Ethernet payload too large");
+  std::vector<std::uint8_t> frame(kEthernetHeaderSize + payload.size());
+  for (std::size_t i = 0; i < 6; ++i) {
+    frame[i] = destination[i];
+    frame[6 + i] = source[i];
+  }
+  put_be16(frame.data() + 12, ethertype);
+  for (std::size_t i = 0; i < payload.size(); ++i) frame[kEthernetHeaderSize + i] = payload[i];
+  return frame;
+}
+
+PcapFile::PcapFile(const std::filesystem::path& path, std::uint32_t linktype)
+    : out_(path, std::ios::binary | std::ios::trunc) {
   std::vector<std::uint8_t> header;
   append_le32(header, kPcapMagic);
   append_le16(header, kPcapVersionMajor);
@@ -111,7 +167,7 @@ PcapFile::PcapFile(const std::filesystem::path& path) : out_(path, std::ios::bin
   append_le32(header, 0);  // thiszone
   append_le32(header, 0);  // sigfigs
   append_le32(header, kSnapLength);
-  append_le32(header, kLinktypeRaw);
+  append_le32(header, linktype);
   write_bytes(out_, header);
 }
 

@@ -1,6 +1,7 @@
 // A small classic-libpcap writer for tests: synthetic IPv4/TCP packets (LINKTYPE_RAW) and a
 // TCP conversation helper that keeps sequence and acknowledgement numbers consistent, so a
-// dissector's TCP reassembly and analysis see a clean stream.
+// dissector's TCP reassembly and analysis see a clean stream; and Ethernet frames carrying
+// IPv4/UDP datagrams (LINKTYPE_ETHERNET) for RoCEv2.
 #pragma once
 
 #include <array>
@@ -14,6 +15,10 @@
 namespace peercm::pcap {
 
 inline constexpr std::uint32_t kLinktypeRaw = 101;  // raw IPv4/IPv6, no link-layer header
+inline constexpr std::uint32_t kLinktypeEthernet = 1;
+inline constexpr std::size_t kEthernetHeaderSize = 14;
+inline constexpr std::size_t kUdpHeaderSize = 8;
+inline constexpr std::uint16_t kEthertypeIpv4 = 0x0800;
 inline constexpr std::size_t kIpv4HeaderSize = 20;  // no options
 inline constexpr std::size_t kTcpHeaderSize = 20;   // no options
 inline constexpr std::size_t kMaxTcpPayload = 0xFFFF - kIpv4HeaderSize - kTcpHeaderSize;
@@ -50,10 +55,30 @@ struct TcpSegment {
 // The payload must not exceed kMaxTcpPayload.
 std::vector<std::uint8_t> build_ipv4_tcp_packet(const TcpSegment& segment);
 
-// A classic pcap file (microsecond timestamps, little-endian headers, LINKTYPE_RAW).
+struct UdpDatagram {
+  Ipv4Endpoint source;
+  Ipv4Endpoint destination;
+  std::uint16_t ip_id = 0;
+  bool dont_fragment = true;
+  std::uint8_t tos = 0;
+  std::uint8_t ttl = 64;
+  bool udp_checksum = true;  // false: send 0 ("no checksum", RFC 768)
+  std::span<const std::uint8_t> payload;
+};
+
+// IPv4 header (no options) + UDP header + payload, with a correct IPv4 header checksum and,
+// when asked, a correct UDP checksum.
+std::vector<std::uint8_t> build_ipv4_udp_packet(const UdpDatagram& datagram);
+
+using MacAddress = std::array<std::uint8_t, 6>;
+// Ethernet II header + payload (no FCS, as captures store it).
+std::vector<std::uint8_t> build_ethernet_frame(const MacAddress& source, const MacAddress& destination,
+                                               std::uint16_t ethertype, std::span<const std::uint8_t> payload);
+
+// A classic pcap file (microsecond timestamps, little-endian headers).
 class PcapFile {
  public:
-  explicit PcapFile(const std::filesystem::path& path);
+  explicit PcapFile(const std::filesystem::path& path, std::uint32_t linktype = kLinktypeRaw);
   bool ok() const { return static_cast<bool>(out_); }
   void write_packet(std::span<const std::uint8_t> packet, std::uint64_t timestamp_us);
   void flush() { out_.flush(); }

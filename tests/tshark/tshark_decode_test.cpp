@@ -2,28 +2,19 @@
 // of FPDUs (CRC on) covering every RDMAP opcode; the bytes go into a synthetic pcap of one
 // TCP connection, and Wireshark's own iWARP dissectors (tshark, PDML output) must read back
 // exactly the values we encoded, including a good CRC-32C on every FPDU.
-//
-// When tshark is missing the tests skip, except under CI (environment variable CI set),
-// where they fail. Set TSHARK to use a specific binary, PEERCM_KEEP_PCAP=1 to keep the
-// capture after a passing run (it is always kept, and its path printed, after a failure).
+// Running tshark, skipping or failing without it, and keeping captures: tshark_support.hpp.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "pcap_writer.hpp"
+#include "tshark_support.hpp"
 #include "wire/cm_header.hpp"
 #include "wire/ddp_rdmap.hpp"
 #include "wire/fpdu.hpp"
@@ -33,6 +24,14 @@ namespace {
 
 namespace wire = peercm::wire;
 namespace pcap = peercm::pcap;
+namespace tshark = peercm::tshark;
+using tshark::field_number;
+using tshark::from_hex;
+using tshark::Pdml;
+using tshark::PdmlField;
+using tshark::PdmlGroup;
+using tshark::PdmlPacket;
+using tshark::to_hex;
 using Direction = pcap::TcpConversation::Direction;
 using Bytes = std::vector<std::uint8_t>;
 
@@ -41,219 +40,6 @@ using Bytes = std::vector<std::uint8_t>;
 // be selected with "-d tcp.port==...,iwarp_mpa".)
 constexpr pcap::Ipv4Endpoint kClient{.address = {10, 0, 0, 1}, .port = 40000};
 constexpr pcap::Ipv4Endpoint kServer{.address = {10, 0, 0, 2}, .port = 20049};
-
-// ---------------------------------------------------------------------------------------
-// Running tshark
-
-std::optional<std::string> find_tshark() {
-  if (const char* forced = std::getenv("TSHARK"); forced != nullptr && *forced != '\0') {
-    if (::access(forced, X_OK) == 0) return std::string(forced);
-    return std::nullopt;
-  }
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return std::nullopt;
-  std::stringstream dirs(path);
-  std::string dir;
-  while (std::getline(dirs, dir, ':')) {
-    if (dir.empty()) continue;
-    const std::string candidate = dir + "/tshark";
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return std::nullopt;
-}
-
-std::string shell_quote(std::string_view s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout
-};
-
-CommandResult run_command(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[65536];
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  return result;
-}
-
-std::string read_text_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// ---------------------------------------------------------------------------------------
-// A minimal PDML reader. tshark writes one element per line:
-//   <packet>, <proto name=... showname=...>, <field name=... show=... value=.../>, </packet>
-// Fields are kept in document order per packet and also grouped per MPA PDU: every element
-// after a <proto name="iwarp_mpa"> belongs to that PDU until the next one or </packet>.
-
-struct PdmlField {
-  std::string name;
-  std::string show;
-  std::string showname;
-  std::string value;  // hex of the bytes the field covers
-};
-
-struct MpaPdu {
-  std::vector<PdmlField> fields;
-
-  const PdmlField* find(std::string_view name) const {
-    for (const auto& f : fields)
-      if (f.name == name) return &f;
-    return nullptr;
-  }
-  std::size_t count(std::string_view name) const {
-    std::size_t n = 0;
-    for (const auto& f : fields)
-      if (f.name == name) ++n;
-    return n;
-  }
-};
-
-struct PdmlPacket {
-  std::vector<PdmlField> fields;
-  std::vector<MpaPdu> mpa;
-
-  const PdmlField* find(std::string_view name) const {
-    for (const auto& f : fields)
-      if (f.name == name) return &f;
-    return nullptr;
-  }
-};
-
-struct Pdml {
-  std::string creator;  // e.g. "wireshark/4.0.17"
-  std::vector<PdmlPacket> packets;
-};
-
-std::string xml_unescape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '&') {
-      out += s[i];
-      continue;
-    }
-    const std::size_t semi = s.find(';', i);
-    if (semi == std::string_view::npos) {
-      out += s.substr(i);
-      break;
-    }
-    const std::string_view entity = s.substr(i + 1, semi - i - 1);
-    if (entity == "quot") {
-      out += '"';
-    } else if (entity == "amp") {
-      out += '&';
-    } else if (entity == "lt") {
-      out += '<';
-    } else if (entity == "gt") {
-      out += '>';
-    } else if (entity == "apos") {
-      out += '\'';
-    } else if (entity.size() > 1 && entity[0] == '#') {
-      const bool hex = entity[1] == 'x' || entity[1] == 'X';
-      const std::string digits(entity.substr(hex ? 2 : 1));
-      const unsigned long code = std::strtoul(digits.c_str(), nullptr, hex ? 16 : 10);
-      out += code < 0x80 ? static_cast<char>(code) : '?';
-    } else {
-      out += s.substr(i, semi - i + 1);
-    }
-    i = semi;
-  }
-  return out;
-}
-
-std::string attribute(std::string_view element, std::string_view name) {
-  const std::string key = " " + std::string(name) + "=\"";
-  const std::size_t at = element.find(key);
-  if (at == std::string_view::npos) return {};
-  const std::size_t begin = at + key.size();
-  const std::size_t end = element.find('"', begin);
-  if (end == std::string_view::npos) return {};
-  return xml_unescape(element.substr(begin, end - begin));
-}
-
-Pdml parse_pdml(const std::string& xml) {
-  Pdml pdml;
-  std::stringstream lines(xml);
-  std::string line;
-  PdmlPacket* packet = nullptr;
-  while (std::getline(lines, line)) {
-    const std::size_t start = line.find_first_not_of(" \t");
-    if (start == std::string::npos) continue;
-    const std::string_view element = std::string_view(line).substr(start);
-    if (element.starts_with("<pdml")) {
-      pdml.creator = attribute(element, "creator");
-    } else if (element.starts_with("<packet")) {
-      pdml.packets.emplace_back();
-      packet = &pdml.packets.back();
-    } else if (element.starts_with("</packet")) {
-      packet = nullptr;
-    } else if (packet != nullptr && (element.starts_with("<field") || element.starts_with("<proto"))) {
-      PdmlField field{.name = attribute(element, "name"),
-                      .show = attribute(element, "show"),
-                      .showname = attribute(element, "showname"),
-                      .value = attribute(element, "value")};
-      if (element.starts_with("<proto") && field.name == "iwarp_mpa") packet->mpa.emplace_back();
-      if (!packet->mpa.empty()) packet->mpa.back().fields.push_back(field);
-      packet->fields.push_back(std::move(field));
-    }
-  }
-  return pdml;
-}
-
-// Numeric value of a field's "show" attribute: decimal, 0x-hex, or a boolean spelling.
-std::optional<std::uint64_t> field_number(const PdmlField* field) {
-  if (field == nullptr) return std::nullopt;
-  const std::string& s = field->show;
-  if (s == "True" || s == "true") return 1;
-  if (s == "False" || s == "false") return 0;
-  if (s.empty()) return std::nullopt;
-  char* end = nullptr;
-  const std::uint64_t v = std::strtoull(s.c_str(), &end, 0);
-  if (end == s.c_str()) return std::nullopt;
-  return v;
-}
-
-std::string to_hex(std::span<const std::uint8_t> bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (std::uint8_t b : bytes) {
-    out += kDigits[b >> 4];
-    out += kDigits[b & 0x0F];
-  }
-  return out;
-}
-
-std::optional<Bytes> from_hex(std::string_view hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  Bytes out;
-  for (std::size_t i = 0; i < hex.size(); i += 2) {
-    const std::string pair(hex.substr(i, 2));
-    char* end = nullptr;
-    const unsigned long v = std::strtoul(pair.c_str(), &end, 16);
-    if (end != pair.c_str() + 2) return std::nullopt;
-    out.push_back(static_cast<std::uint8_t>(v));
-  }
-  return out;
-}
 
 // ---------------------------------------------------------------------------------------
 // The conversation: what we encode, and what we therefore expect tshark to report.
@@ -439,74 +225,27 @@ std::size_t write_capture(const std::filesystem::path& path, const Scenario& s,
 }
 
 // ---------------------------------------------------------------------------------------
-// Fixture: temp dir, tshark discovery, pcap kept and printed on failure.
+// Fixture
 
-class TsharkDecodeTest : public ::testing::Test {
+class TsharkDecodeTest : public tshark::TsharkTest {
  protected:
-  void SetUp() override {
-    tshark_ = find_tshark();
-    if (!tshark_) {
-      if (std::getenv("CI") != nullptr) {
-        GTEST_FAIL() << "tshark not found (PATH or $TSHARK) and CI is set: install it (scripts/setup.sh)";
-      }
-      GTEST_SKIP() << "tshark not found; install it with scripts/setup.sh (this test fails instead when CI is set)";
-    }
-    std::string dir_template = (std::filesystem::temp_directory_path() / "peercm-tshark-XXXXXX").string();
-    if (::mkdtemp(dir_template.data()) == nullptr) GTEST_FAIL() << "mkdtemp failed for " << dir_template;
-    dir_ = dir_template;
-    // An empty personal configuration: the user's Wireshark profile cannot change the result.
-    std::filesystem::create_directory(dir_ / "wireshark-config");
-  }
-
-  void TearDown() override {
-    if (dir_.empty()) return;
-    if (HasFailure()) {
-      std::cout << "[ tshark   ] capture kept for inspection: " << pcap_path_.string() << "\n"
-                << "[ tshark   ] reproduce with: " << last_command_ << "\n";
-      return;
-    }
-    if (std::getenv("PEERCM_KEEP_PCAP") != nullptr) {
-      std::cout << "[ tshark   ] capture kept: " << pcap_path_.string() << "\n";
-      return;
-    }
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-
-  // Runs tshark on the capture and returns its PDML; fails the test if tshark fails.
   std::optional<Pdml> dissect(const std::filesystem::path& capture) {
-    const std::filesystem::path stderr_path = dir_ / "tshark.stderr";
-    std::string command = "WIRESHARK_CONFIG_DIR=" + shell_quote((dir_ / "wireshark-config").string()) + " " +
-                          shell_quote(*tshark_) + " -n -r " + shell_quote(capture.string());
     // iwarp_mpa is heuristic-only; make sure it is on and runs before any port dissector.
-    command += " --enable-heuristic iwarp_mpa_tcp -o tcp.try_heuristic_first:TRUE";
+    std::string options = "--enable-heuristic iwarp_mpa_tcp -o tcp.try_heuristic_first:TRUE";
     // Send payloads are opaque test bytes: keep the RPC-over-RDMA and SMB Direct heuristics
     // off them (tshark 4.0's RPCoRDMA heuristic claimed our 5- and 7-byte plain Sends and
     // threw "Malformed Packet").
-    command += " --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp";
+    options += " --disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp";
     // Also have tshark verify the writer's IPv4 and TCP checksums.
-    command += " -o ip.check_checksum:TRUE -o tcp.check_checksum:TRUE";
-    command += " -T pdml";
-    last_command_ = command;
-    const CommandResult result = run_command(command + " 2>" + shell_quote(stderr_path.string()));
-    if (result.exit_code != 0) {
-      ADD_FAILURE() << "tshark exited with " << result.exit_code << "\ncommand: " << command
-                    << "\nstderr:\n" << read_text_file(stderr_path);
-      return std::nullopt;
-    }
-    return parse_pdml(result.output);
+    options += " -o ip.check_checksum:TRUE -o tcp.check_checksum:TRUE";
+    return TsharkTest::dissect(capture, options, "iwarp_mpa");
   }
-
-  std::optional<std::string> tshark_;
-  std::filesystem::path dir_;
-  std::filesystem::path pcap_path_;
-  std::string last_command_;
 };
 
 // ---------------------------------------------------------------------------------------
 // Checks
 
-void expect_number(const MpaPdu& pdu, std::string_view name, std::uint64_t expected) {
+void expect_number(const PdmlGroup& pdu, std::string_view name, std::uint64_t expected) {
   const PdmlField* f = pdu.find(name);
   ASSERT_NE(f, nullptr) << "tshark did not report field " << name;
   const auto v = field_number(f);
@@ -514,7 +253,7 @@ void expect_number(const MpaPdu& pdu, std::string_view name, std::uint64_t expec
   EXPECT_EQ(*v, expected) << name << " (tshark: " << f->showname << ")";
 }
 
-void expect_bytes(const MpaPdu& pdu, std::string_view name, std::span<const std::uint8_t> expected) {
+void expect_bytes(const PdmlGroup& pdu, std::string_view name, std::span<const std::uint8_t> expected) {
   const PdmlField* f = pdu.find(name);
   ASSERT_NE(f, nullptr) << "tshark did not report field " << name;
   EXPECT_EQ(f->value, to_hex(expected)) << name << " (tshark: " << f->showname << ")";
@@ -525,7 +264,7 @@ std::uint32_t crc_field_as_big_endian(const Bytes& fpdu) {
   return (std::uint32_t{c[0]} << 24) | (std::uint32_t{c[1]} << 16) | (std::uint32_t{c[2]} << 8) | c[3];
 }
 
-void check_startup_frame(const MpaPdu& pdu, wire::MpaFrameKind kind, const Bytes& frame,
+void check_startup_frame(const PdmlGroup& pdu, wire::MpaFrameKind kind, const Bytes& frame,
                          std::span<const std::uint8_t> block_bytes) {
   const bool request = kind == wire::MpaFrameKind::request;
   const std::string_view key = request ? "MPA ID Req Frame" : "MPA ID Rep Frame";
@@ -558,7 +297,7 @@ void check_startup_frame(const MpaPdu& pdu, wire::MpaFrameKind kind, const Bytes
   EXPECT_EQ(pdu.count("iwarp_mpa.fpdu"), 0u);
 }
 
-void check_fpdu(const MpaPdu& pdu, const ExpectedFpdu& e) {
+void check_fpdu(const PdmlGroup& pdu, const ExpectedFpdu& e) {
   const wire::SegmentHeader& h = e.header;
   const std::size_t ulpdu_length = wire::segment_header_size(h) + e.payload.size();
   ASSERT_NE(pdu.find("iwarp_mpa.fpdu"), nullptr) << "not dissected as an FPDU";
@@ -672,7 +411,7 @@ TEST_F(TsharkDecodeTest, TsharkDecodesStartupAndEveryOpcodeAsEncoded) {
   constexpr std::size_t kFirstMpaFrame = 3;
   for (std::size_t i = 0; i < pdml->packets.size(); ++i) {
     const bool carries_mpa = i >= kFirstMpaFrame && i < kFirstMpaFrame + 2 + s.fpdus.size();
-    EXPECT_EQ(pdml->packets[i].mpa.size(), carries_mpa ? 1u : 0u) << "MPA PDUs in frame " << i + 1;
+    EXPECT_EQ(pdml->packets[i].groups.size(), carries_mpa ? 1u : 0u) << "MPA PDUs in frame " << i + 1;
   }
   ASSERT_GE(pdml->packets.size(), kFirstMpaFrame + 2 + s.fpdus.size());
 
@@ -680,23 +419,23 @@ TEST_F(TsharkDecodeTest, TsharkDecodesStartupAndEveryOpcodeAsEncoded) {
     SCOPED_TRACE("MPA Request");
     const PdmlPacket& p = pdml->packets[kFirstMpaFrame];
     EXPECT_EQ(source_port(p), kClient.port);
-    ASSERT_EQ(p.mpa.size(), 1u);
-    check_startup_frame(p.mpa[0], wire::MpaFrameKind::request, s.request, kRequestBlockBytes);
+    ASSERT_EQ(p.groups.size(), 1u);
+    check_startup_frame(p.groups[0], wire::MpaFrameKind::request, s.request, kRequestBlockBytes);
   }
   {
     SCOPED_TRACE("MPA Reply");
     const PdmlPacket& p = pdml->packets[kFirstMpaFrame + 1];
     EXPECT_EQ(source_port(p), kServer.port);
-    ASSERT_EQ(p.mpa.size(), 1u);
-    check_startup_frame(p.mpa[0], wire::MpaFrameKind::reply, s.reply, kReplyBlockBytes);
+    ASSERT_EQ(p.groups.size(), 1u);
+    check_startup_frame(p.groups[0], wire::MpaFrameKind::reply, s.reply, kReplyBlockBytes);
   }
   for (std::size_t i = 0; i < s.fpdus.size(); ++i) {
     const ExpectedFpdu& e = s.fpdus[i];
     SCOPED_TRACE("FPDU " + std::to_string(i) + ": " + e.label);
     const PdmlPacket& p = pdml->packets[kFirstMpaFrame + 2 + i];
     EXPECT_EQ(source_port(p), port_of(e.from));
-    ASSERT_EQ(p.mpa.size(), 1u);
-    check_fpdu(p.mpa[0], e);
+    ASSERT_EQ(p.groups.size(), 1u);
+    check_fpdu(p.groups[0], e);
   }
 }
 
@@ -711,9 +450,9 @@ TEST_F(TsharkDecodeTest, TsharkFlagsACorruptedFpdu) {
 
   const auto pdml = dissect(pcap_path_);
   ASSERT_TRUE(pdml.has_value());
-  std::vector<const MpaPdu*> fpdus;
+  std::vector<const PdmlGroup*> fpdus;
   for (const auto& packet : pdml->packets)
-    for (const auto& pdu : packet.mpa)
+    for (const auto& pdu : packet.groups)
       if (pdu.find("iwarp_mpa.fpdu") != nullptr) fpdus.push_back(&pdu);
   ASSERT_EQ(fpdus.size(), s.fpdus.size());
   for (std::size_t i = 0; i < fpdus.size(); ++i) {
