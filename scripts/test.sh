@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Every test: set everything up, build the release and the ASan+UBSan presets, run the suites.
+# Every test: set everything up, build the release, ASan+UBSan and TSan presets, run the suites.
+# TSan runs the multi-threaded suites (the API, the reactor, the mesh, the fault-injection
+# and C API tests); the single-threaded codec, core and simulator suites gain nothing from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -8,3 +10,6 @@ for preset in release asan; do
   bash scripts/build.sh "$preset"
   ctest --preset "$preset" -j "$jobs"
 done
+echo "=== preset tsan (multi-threaded suites)"
+bash scripts/build.sh tsan
+ctest --preset tsan -j "$jobs" -L '^(api_tests|engine_tests|mesh_tests|reliability_tests|capi)$'

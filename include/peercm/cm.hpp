@@ -60,7 +60,9 @@ struct ConnParam {
   std::vector<std::uint8_t> private_data;
   std::uint8_t responder_resources = 16;
   std::uint8_t initiator_depth = 16;
-  std::uint32_t qp_num = 0;  // the peer's QP number (filled in events)
+  // In events: the peer's QP number. In connect()/accept() on an id without a QP: the number
+  // of a QP made with QueuePair::create() that the connection runs on (rdma_cm's qp_num).
+  std::uint32_t qp_num = 0;
 };
 
 struct CmEvent {
@@ -99,7 +101,12 @@ class EventChannel {
 
 enum class CmOption : std::uint8_t {
   peer_to_peer,     // bool, default on (design.md §3)
-  connect_timeout,  // milliseconds
+  // Milliseconds, default 10000. On an active id it bounds the whole setup (TCP connect and
+  // MPA exchange; a p2p attempt, design.md §3 rule 8). On a listening id it bounds every
+  // incoming setup, from the TCP accept to the application's accept() or reject(): a peer
+  // that sends no MPA Request, or sends it too slowly, is closed then (RFC 5044 §7.1.2).
+  // It applies to connections accepted after the call.
+  connect_timeout,
   crc,              // 0 required, 1 preferred, 2 off
   p2p_tag,          // 32-bit tag of the p2p key
 };
@@ -136,13 +143,20 @@ class CmId {
   Status<std::errc> connect(const ConnParam& param);
   Status<std::errc> accept(const ConnParam& param);
   Status<std::errc> reject(std::span<const std::uint8_t> private_data = {});
-  // Active side without a QP, after connect_response.
+  // Active side whose connect() named its QP by number: the connection reported
+  // connect_response and runs; this completes the exchange (rdma_establish). EINVAL otherwise.
   Status<std::errc> establish();
   Status<std::errc> disconnect();
+  // Moves the id, with its queued events (and a listener's queued requests), to `channel`.
+  Status<std::errc> migrate(EventChannel& channel);
 
   Result<QueuePair*, std::errc> create_qp(ProtectionDomain& pd, const QpInitAttr& attr);
   void destroy_qp();
   QueuePair* qp() const;
+  // A QP the caller owns (QueuePair::create) becomes this id's QP, as create_qp()'s would;
+  // EINVAL if the id has one. When the id goes while connected, the QP moves to ERROR.
+  Status<std::errc> attach_qp(QueuePair& qp);
+  void detach_qp();
 
   Context& context() const;
   void* user_context() const;

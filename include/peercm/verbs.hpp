@@ -18,6 +18,7 @@ struct ContextImpl;
 struct CompletionQueueImpl;
 struct CompletionChannelImpl;
 struct QueuePairImpl;
+struct SharedReceiveQueueImpl;
 }  // namespace detail
 
 enum class ProgressMode : std::uint8_t {
@@ -148,16 +149,57 @@ class CompletionQueue {
   std::shared_ptr<detail::CompletionQueueImpl> impl_;
 };
 
+// A shared receive queue (ibv_srq): receive WRs that the QPs made with it take, in the
+// order posted, for the untagged Sends they receive. It serves QPs of its own context only.
+class SharedReceiveQueue {
+ public:
+  // EINVAL for a max_wr of 0. attr.srq_limit is not applied (ibv_create_srq ignores it
+  // too): modify() sets the limit.
+  static Result<std::unique_ptr<SharedReceiveQueue>, std::errc> create(ProtectionDomain& pd, const SrqAttr& attr);
+  // ibv_destroy_srq: EBUSY while a QP made with it exists, and `srq` stays; else resets
+  // `srq`. Plain destruction while QPs use it leaves the queue, WRs and all, to those QPs
+  // until they go.
+  static Status<std::errc> destroy(std::unique_ptr<SharedReceiveQueue>& srq);
+  ~SharedReceiveQueue();
+  SharedReceiveQueue(const SharedReceiveQueue&) = delete;
+  SharedReceiveQueue& operator=(const SharedReceiveQueue&) = delete;
+
+  // EINVAL for more SGEs than max_sge or an SGE that is not local-write memory of the PD
+  // (checked now: the WR names no QP whose stream an error could end), ENOMEM when max_wr
+  // WRs wait. A WR stays here until a QP's Send takes it; a QP's error never flushes it.
+  Status<std::errc> post_recv(const RecvWr& wr);
+  // Sets srq_limit (EINVAL above max_wr). No IBV_EVENT_SRQ_LIMIT_REACHED follows: the
+  // stack has no asynchronous events.
+  Status<std::errc> modify(std::uint32_t srq_limit);
+  SrqAttr query() const;
+  std::size_t posted() const;  // WRs waiting for a Send
+  ProtectionDomain& pd() const { return pd_; }
+
+  detail::SharedReceiveQueueImpl& impl() { return *impl_; }
+  std::shared_ptr<detail::SharedReceiveQueueImpl> impl_shared() const { return impl_; }
+
+ private:
+  SharedReceiveQueue(ProtectionDomain& pd, std::shared_ptr<detail::SharedReceiveQueueImpl> impl);
+  ProtectionDomain& pd_;
+  std::shared_ptr<detail::SharedReceiveQueueImpl> impl_;
+};
+
 struct QpInitAttr {
   CompletionQueue* send_cq = nullptr;
   CompletionQueue* recv_cq = nullptr;
+  // Receives come from this SRQ (same context); caps.max_recv_wr / max_recv_sge are then
+  // unused and post_recv() is EINVAL.
+  SharedReceiveQueue* srq = nullptr;
   QpCaps caps;
   bool sq_sig_all = true;
 };
 
-// An RC queue pair. Created through CmId::create_qp(), which binds it to a connection.
+// An RC queue pair. Created through CmId::create_qp(), which binds it to a connection, or on
+// its own (ibv_create_qp) and then attached to a CmId or named by number in a ConnParam.
 class QueuePair {
  public:
+  // A QP of no CmId yet; the context knows it by qp_num() until it is destroyed.
+  static Result<std::unique_ptr<QueuePair>, std::errc> create(ProtectionDomain& pd, const QpInitAttr& attr);
   ~QueuePair();
   QueuePair(const QueuePair&) = delete;
   QueuePair& operator=(const QueuePair&) = delete;
@@ -166,10 +208,11 @@ class QueuePair {
   QpState state() const;
   const QpCaps& caps() const;
   // EINVAL for a malformed WR, ENOMEM when the queue is full. Work posted before the
-  // connection is established waits for it.
+  // connection is established waits for it. post_recv() is EINVAL on a QP with an SRQ.
   Status<std::errc> post_send(const SendWr& wr);
   Status<std::errc> post_recv(const RecvWr& wr);
-  // Moves the QP to ERROR: outstanding work completes with a flush error.
+  // Moves the QP to ERROR: outstanding work completes with a flush error (of an SRQ's
+  // WRs, only the one a message in progress had taken).
   void to_error();
 
   detail::QueuePairImpl& impl() { return *impl_; }

@@ -88,6 +88,15 @@ struct QpCaps {
   std::uint32_t max_inline_data = 256;
 };
 
+// Shared receive queue attributes (ibv_srq_attr).
+struct SrqAttr {
+  std::uint32_t max_wr = 128;   // WRs posted and not yet taken by a QP
+  std::uint32_t max_sge = 4;    // SGEs per WR
+  // The low watermark of verbs' IBV_EVENT_SRQ_LIMIT_REACHED. Kept and reported; no event
+  // ever fires, since the stack raises no asynchronous events.
+  std::uint32_t srq_limit = 0;
+};
+
 std::string_view to_string(WcStatus status);
 std::string_view to_string(WcOpcode opcode);
 std::string_view to_string(QpState state);

@@ -171,7 +171,9 @@ Connection::Callbacks CmIdImpl::connection_callbacks(core::LinkId link_id) {
             self->ctx->p2p->resolver().handle_established(self->key, link_id, self->peer_incarnation);
           }
         }
-        self->emit(CmEventType::established, 0, std::move(param));
+        self->response_pending = self->qp_by_number;
+        self->emit(self->qp_by_number ? CmEventType::connect_response : CmEventType::established, 0,
+                   std::move(param));
         if (link_id != 0) self->ctx->p2p->run();
         break;
       }
@@ -243,7 +245,7 @@ void CmIdImpl::on_listen_readable() {
     socklen_t len = sizeof from;
     const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a transient error: the next readiness retries
-    if (pending >= static_cast<std::size_t>(backlog)) {
+    if (pending >= static_cast<std::size_t>(backlog) && !displace_silent_handshake()) {
       ::close(fd);  // over the backlog: refuse rather than queue without bound
       continue;
     }
@@ -275,6 +277,22 @@ void CmIdImpl::on_listen_readable() {
   }
 }
 
+// Peers that connect and then say nothing would hold a full backlog until the handshake
+// timeout, locking legitimate clients out (a slowloris flood): the oldest of them makes
+// room. A peer that sent any part of its Request keeps its place.
+bool CmIdImpl::displace_silent_handshake() {
+  std::shared_ptr<Connection> oldest_silent;
+  for (const auto& conn : handshaking) {
+    if (conn->silent()) {
+      oldest_silent = conn;
+      break;
+    }
+  }
+  if (!oldest_silent) return false;
+  oldest_silent->abort();  // its `closed` callback gives its place back
+  return pending < static_cast<std::size_t>(backlog);
+}
+
 void CmIdImpl::on_incoming_request(const std::shared_ptr<Connection>& conn) {
   std::erase(handshaking, conn);
   const core::MpaResult& request = conn->responder()->request();
@@ -282,7 +300,9 @@ void CmIdImpl::on_incoming_request(const std::shared_ptr<Connection>& conn) {
     // design.md §3 rules 1-2: a p2p request names its sender; the resolver decides.
     if (auto header = wire::decode_cm_header(request.peer_private_data)) {
       const sockaddr_in from = conn->peer_address();
-      const core::P2pKey request_key{ntohl(from.sin_addr.s_addr), header->header.listen_port, header->header.tag};
+      const std::uint16_t port = header->header.listen_port;
+      const core::P2pKey request_key{ntohl(from.sin_addr.s_addr), port, header->header.tag,
+                                     port == 0 ? header->header.node_guid : 0};
       const core::LinkId link_id = ctx->p2p->new_link();
       const core::NodeIdentity sender{header->header.node_guid, header->header.incarnation};
       if (pending > 0) --pending;  // the resolver's verdict, not the backlog, governs it now
@@ -339,6 +359,16 @@ void CmIdImpl::deliver_request(const std::shared_ptr<Connection>& conn, std::spa
   channel->push(std::move(event));
 }
 
+bool CmIdImpl::claim_qp(std::uint32_t qp_num) {
+  auto found = ctx->standalone_qps.find(qp_num);
+  if (found == ctx->standalone_qps.end()) return false;
+  auto qp_found = found->second.lock();
+  if (!qp_found || qp_found->claimed) return false;
+  qp_found->claimed = true;
+  qp_impl = std::move(qp_found);
+  return true;
+}
+
 }  // namespace detail
 
 // --- CmId ---
@@ -363,6 +393,8 @@ CmId::~CmId() {
   impl_->owner = nullptr;
   impl_->end_p2p();
   if (impl_->connection) {
+    // The caller's QP outlives the id: it goes to ERROR with the connection, as iw_cm does.
+    if (!impl_->qp && impl_->qp_impl) impl_->qp_impl->engine.disconnect();
     impl_->connection->set_callbacks({});
     impl_->connection->abort();
     impl_->connection.reset();
@@ -494,7 +526,10 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
   if (impl.state == detail::CmIdImpl::State::established) return fail(std::errc::already_connected);
   if (impl.state == detail::CmIdImpl::State::connecting) return fail(std::errc::connection_already_in_progress);
   if (impl.state != detail::CmIdImpl::State::route_resolved) return fail(std::errc::invalid_argument);
-  if (!impl.qp_impl) return fail(std::errc::invalid_argument);
+  if (!impl.qp_impl) {
+    if (!impl.claim_qp(param.qp_num)) return fail(std::errc::invalid_argument);
+    impl.qp_by_number = true;
+  }
   const std::size_t limit = wire::kMpaMaxPrivateData - wire::kIrdOrdBlockSize -
                             (impl.peer_to_peer ? wire::kCmHeaderSize : 0);
   if (param.private_data.size() > limit) return fail(std::errc::invalid_argument);
@@ -544,9 +579,9 @@ Status<std::errc> CmId::accept(const ConnParam& param) {
   auto& impl = *impl_;
   std::lock_guard lock(impl.ctx->mutex);
   if (impl.state != detail::CmIdImpl::State::request_received || !impl.connection) return fail(std::errc::invalid_argument);
-  if (!impl.qp_impl) return fail(std::errc::invalid_argument);
   if (param.private_data.size() > wire::kMpaMaxPrivateData - wire::kIrdOrdBlockSize)
     return fail(std::errc::invalid_argument);
+  if (!impl.qp_impl && !impl.claim_qp(param.qp_num)) return fail(std::errc::invalid_argument);
   impl.state = detail::CmIdImpl::State::accepting;
   impl.release_pending();
   // A p2p requester learns our identity from the Reply (design.md §3 rules 1, 6).
@@ -575,7 +610,24 @@ Status<std::errc> CmId::reject(std::span<const std::uint8_t> private_data) {
   return {};
 }
 
-Status<std::errc> CmId::establish() { return fail(std::errc::function_not_supported); }
+Status<std::errc> CmId::establish() {
+  std::lock_guard lock(impl_->ctx->mutex);
+  if (!impl_->response_pending) return fail(std::errc::invalid_argument);
+  // MPA has no third message: the stream already runs; this only closes the exchange.
+  impl_->response_pending = false;
+  return {};
+}
+
+Status<std::errc> CmId::migrate(EventChannel& channel) {
+  std::lock_guard lock(impl_->ctx->mutex);
+  if (channel.impl_shared() == impl_->channel) return {};
+  // Queued events keep their order; a listener's undelivered requests move with it.
+  std::vector<CmEvent> moved = impl_->channel->purge(this);
+  impl_->channel = channel.impl_shared();
+  channel.impl().attach(impl_->ctx);
+  for (auto& event : moved) impl_->channel->push(std::move(event));
+  return {};
+}
 
 Status<std::errc> CmId::disconnect() {
   auto& impl = *impl_;
@@ -592,6 +644,7 @@ Status<std::errc> CmId::disconnect() {
 
 Result<QueuePair*, std::errc> CmId::create_qp(ProtectionDomain& pd, const QpInitAttr& attr) {
   if (!attr.send_cq || !attr.recv_cq) return fail(std::errc::invalid_argument);
+  if (attr.srq && &attr.srq->pd().context().impl() != impl_->ctx.get()) return fail(std::errc::invalid_argument);
   auto& impl = *impl_;
   std::lock_guard lock(impl.ctx->mutex);
   if (impl.qp) return fail(std::errc::invalid_argument);
@@ -608,6 +661,27 @@ void CmId::destroy_qp() {
     qp = std::move(impl_->qp);
   }
   qp.reset();
+}
+
+Status<std::errc> CmId::attach_qp(QueuePair& qp) {
+  auto& impl = *impl_;
+  std::lock_guard lock(impl.ctx->mutex);
+  if (impl.qp || impl.qp_impl || qp.impl_->context != impl.ctx || qp.impl_->claimed)
+    return fail(std::errc::invalid_argument);
+  qp.impl_->claimed = true;
+  impl.qp_impl = qp.impl_;
+  if (impl.connection && impl.state == detail::CmIdImpl::State::connecting) impl.connection->bind_qp(impl.qp_impl);
+  return {};
+}
+
+void CmId::detach_qp() {
+  auto& impl = *impl_;
+  std::lock_guard lock(impl.ctx->mutex);
+  if (impl.qp) return;
+  if (impl.connection && impl.state == detail::CmIdImpl::State::connecting) impl.connection->bind_qp(nullptr);
+  impl.qp_impl.reset();
+  impl.qp_by_number = false;
+  impl.response_pending = false;
 }
 
 QueuePair* CmId::qp() const { return impl_->qp.get(); }

@@ -44,9 +44,13 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   // Ends this id's p2p bookkeeping (attempt and link) when it goes away or fails.
   void end_p2p();
   core::MpaConfig mpa_config(std::uint16_t ird, std::uint16_t ord) const;
+  // rdma_cm's conn_param.qp_num: takes the unclaimed QueuePair::create() QP of that number.
+  bool claim_qp(std::uint32_t qp_num);
 
   // listener side
   void on_listen_readable();
+  // Backlog full: closes the oldest handshake whose peer has sent nothing; false if none.
+  bool displace_silent_handshake();
   void on_incoming_request(const std::shared_ptr<Connection>& conn);
   // A request the resolver let through to the application (rule 4), or any non-p2p request.
   void deliver_request(const std::shared_ptr<Connection>& conn, std::span<const std::uint8_t> app_data,
@@ -81,7 +85,11 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   std::weak_ptr<CmIdImpl> listener;  // passive ids: the listener whose backlog they count in
   bool counted_in_backlog = false;
   std::shared_ptr<QueuePairImpl> qp_impl;
-  std::unique_ptr<QueuePair> qp;
+  std::unique_ptr<QueuePair> qp;  // null when the QP is the caller's (attach_qp, qp_num)
+  // connect() named its QP by number: the reply is reported as connect_response, and
+  // establish() is then expected (rdma_cm for an active id without a QP).
+  bool qp_by_number = false;
+  bool response_pending = false;
   // p2p (design.md §3)
   bool p2p_attempt = false;  // connect() went through the resolver
   core::P2pKey key;

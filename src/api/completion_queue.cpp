@@ -15,13 +15,20 @@ CompletionChannelImpl::~CompletionChannelImpl() {
   if (event_fd >= 0) ::close(event_fd);
 }
 
+// As for CM events: the fd is readable exactly while notifications are queued.
 void CompletionChannelImpl::notify(CompletionQueue* cq) {
-  {
-    std::lock_guard lock(mutex);
-    ready.push_back(cq);
-  }
+  std::lock_guard lock(mutex);
+  ready.push_back(cq);
   const std::uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(event_fd, &one, sizeof one);
+}
+
+void CompletionChannelImpl::forget(CompletionQueue* cq) {
+  std::lock_guard lock(mutex);
+  // Read only when this empties the queue: the counter is then non-zero and the read cannot block.
+  if (std::erase(ready, cq) == 0 || !ready.empty()) return;
+  std::uint64_t drained;
+  [[maybe_unused]] auto n = ::read(event_fd, &drained, sizeof drained);
 }
 
 CompletionQueueImpl::CompletionQueueImpl(std::shared_ptr<ContextImpl> ctx, std::uint32_t capacity,
@@ -81,8 +88,7 @@ Result<CompletionQueue*, std::errc> CompletionChannel::get_event(std::chrono::mi
     if (context_.progress_mode() == ProgressMode::inline_) {
       context_.progress(std::chrono::milliseconds(timeout.count() < 0 ? 10 : std::min<long>(left.count(), 10)));
     } else {
-      pollfd pfd{impl_->event_fd, POLLIN, 0};
-      ::poll(&pfd, 1, timeout.count() < 0 ? -1 : static_cast<int>(left.count()));
+      context_.impl().wait_as_poller(impl_->event_fd, timeout.count() < 0 ? detail::ContextImpl::kMaxPollerSlice : left);
     }
   }
 }
@@ -106,6 +112,8 @@ CompletionQueue::CompletionQueue(Context& context, std::shared_ptr<detail::Compl
     : context_(context), impl_(std::move(impl)) {}
 CompletionQueue::~CompletionQueue() {
   std::lock_guard lock(impl_->context->mutex);
+  // A notification still queued would hand get_event() a dangling CQ.
+  if (impl_->channel) impl_->channel->forget(this);
   impl_->owner = nullptr;
   impl_->channel = nullptr;
 }

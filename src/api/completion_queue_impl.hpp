@@ -15,6 +15,7 @@ struct CompletionChannelImpl {
   CompletionChannelImpl();
   ~CompletionChannelImpl();
   void notify(CompletionQueue* cq);  // called with the context lock held
+  void forget(CompletionQueue* cq);  // a CQ going away: drops its queued notifications
 
   int event_fd = -1;
   std::mutex mutex;  // after the context lock in lock order

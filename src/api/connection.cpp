@@ -6,6 +6,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 
@@ -18,6 +20,8 @@ constexpr std::size_t kReceiveBufferSize = 256 * 1024;
 constexpr std::size_t kMaxIovecs = 64;
 constexpr std::size_t kHeaderReadSize = 128;
 constexpr std::size_t kZeroCopyThreshold = 8192;
+// FPDU bytes kept from before the engine starts: a first FPDU sent early, not a stream.
+constexpr std::size_t kMaxEarlyBytes = 64 * 1024;
 
 core::Time core_now() { return core::Time(std::chrono::steady_clock::now().time_since_epoch()); }
 
@@ -167,11 +171,24 @@ void Connection::receive() {
     if (phase_ == Phase::running && qp_) {
       std::span<std::uint8_t> target = qp_->engine.receive_target();
       if (!target.empty()) {
-        const ssize_t n = ::recv(fd_, target.data(), target.size(), MSG_DONTWAIT);
+        // One system call per FPDU: the rest of the payload lands in its target, and the
+        // trailer with the next header (and a few payload bytes) in the scratch buffer.
+        std::array<iovec, 2> iov{iovec{target.data(), target.size()}, iovec{rx_buffer.data(), kHeaderReadSize}};
+        msghdr msg{};
+        msg.msg_iov = iov.data();
+        msg.msg_iovlen = iov.size();
+        const ssize_t n = ::recvmsg(fd_, &msg, MSG_DONTWAIT);
         if (n > 0) {
-          qp_->engine.handle_placed(static_cast<std::size_t>(n));
-          drain_qp_events();
-          transmit();
+          const auto got = static_cast<std::size_t>(n);
+          qp_->engine.handle_placed(std::min(got, target.size()));
+          if (got > target.size()) {
+            feed_engine(std::span<const std::uint8_t>(rx_buffer.data(), got - target.size()));
+            header_sized_reads_ = qp_ && qp_->engine.receive_target().size() >= kZeroCopyThreshold;
+          } else {
+            drain_qp_events();
+            transmit();
+          }
+          if (got < target.size() + kHeaderReadSize) return;
           continue;
         }
         if (n == 0) {
@@ -225,12 +242,29 @@ void Connection::receive() {
   }
 }
 
+bool Connection::silent() const {
+  if (heard_from_peer_ || fd_ < 0) return false;
+  std::uint8_t byte = 0;
+  // EAGAIN: nothing sent; 0 or an error: gone, which is no reason to keep the place either.
+  return ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
+}
+
 void Connection::receive_mpa(std::span<const std::uint8_t> bytes) {
+  heard_from_peer_ = true;
   std::size_t used = 0;
   if (initiator_) used = initiator_->handle_bytes(bytes);
   if (responder_) used = responder_->handle_bytes(bytes);
   if (used < bytes.size()) early_bytes_.insert(early_bytes_.end(), bytes.begin() + static_cast<std::ptrdiff_t>(used), bytes.end());
   drain_mpa_events();
+  if (phase_ == Phase::mpa && early_bytes_.size() > kMaxEarlyBytes) {
+    // RFC 5044 §7.1.2: FPDUs follow the Reply. A peer streaming before it got one (while our
+    // application decides) would otherwise be buffered without bound: give the setup up.
+    std::vector<std::uint8_t>().swap(early_bytes_);
+    if (initiator_) initiator_->handle_connection_closed();
+    if (responder_) responder_->handle_connection_closed();
+    drain_mpa_events();
+    if (phase_ == Phase::mpa) close_socket();
+  }
 }
 
 void Connection::feed_engine(std::span<const std::uint8_t> bytes) {

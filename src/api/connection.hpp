@@ -45,6 +45,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Replaces who hears about this connection (a listener hands it to a new CmId).
   void set_callbacks(Callbacks callbacks) { callbacks_ = std::move(callbacks); }
   core::MpaResponder* responder() { return responder_ ? &*responder_ : nullptr; }
+  // During setup: the peer has sent nothing, not even a byte still waiting in the socket.
+  bool silent() const;
   // Responder: answer the Request. The QP (if any) starts when the Reply is out.
   void accept(std::shared_ptr<QueuePairImpl> qp, std::uint16_t ird, std::uint16_t ord,
               std::span<const std::uint8_t> private_data);
@@ -99,6 +101,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool registered_ = false;
   bool peer_closed_ = false;
   bool closed_notified_ = false;
+  bool heard_from_peer_ = false;  // a byte arrived during setup
 };
 
 }  // namespace peercm::detail

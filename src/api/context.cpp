@@ -1,3 +1,7 @@
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
 #include <random>
 
 #include "api/context_impl.hpp"
@@ -33,6 +37,32 @@ void ContextImpl::try_progress() {
   std::unique_lock lock(mutex, std::try_to_lock);
   if (!lock.owns_lock()) return;  // the progress thread is at work: nothing to gain
   reactor.run_once(lock, std::chrono::milliseconds(0));
+  reactor.lend_to_poller(kPollerLease);
+}
+
+void ContextImpl::poller_will_block() { reactor.end_poller_lease(); }
+
+void ContextImpl::wait_as_poller(int fd, std::chrono::milliseconds max_wait) {
+  std::chrono::milliseconds slice = max_wait;
+  {
+    std::unique_lock lock(mutex, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      poller_will_block();
+      pollfd alone{fd, POLLIN, 0};
+      ::poll(&alone, 1, static_cast<int>(std::min(max_wait, kMaxPollerSlice).count()));
+      return;
+    }
+    // Timers are the reactor's to fire: wake up in time for the next one.
+    if (const auto deadline = reactor.next_deadline()) {
+      const auto until = std::chrono::ceil<std::chrono::milliseconds>(*deadline - engine::Clock::now());
+      slice = std::min(slice, std::max(until, std::chrono::milliseconds(0)));
+    }
+  }
+  slice = std::min(slice, kMaxPollerSlice);
+  reactor.lend_to_poller(slice + kPollerLease);
+  std::array<pollfd, 2> fds{pollfd{fd, POLLIN, 0}, pollfd{reactor.pollable_fd(), POLLIN, 0}};
+  const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(slice.count()));
+  if (ready == 0 || (fds[1].revents & POLLIN)) try_progress();
 }
 
 }  // namespace detail

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "core/memory_table.hpp"
@@ -15,6 +16,8 @@
 #include "api/p2p_driver.hpp"
 
 namespace peercm::detail {
+
+struct QueuePairImpl;
 
 struct ContextImpl {
   explicit ContextImpl(const ContextOptions& options);
@@ -28,6 +31,20 @@ struct ContextImpl {
   // Thread mode: a polling application thread may run one non-blocking reactor pass itself
   // when the lock is free, instead of waiting for the progress thread to wake up.
   void try_progress();
+  // A polling thread is about to sleep (arming a CQ, waiting on a channel): progress must
+  // not wait for its lease to run out.
+  void poller_will_block();
+  // Thread mode: sleeps until `fd` is readable or `max_wait` passes, driving progress
+  // itself meanwhile, so that a socket event costs this thread one wake-up rather than
+  // waking the progress thread, which then wakes this one. Falls back to waiting on `fd`
+  // alone while the progress thread is at work.
+  void wait_as_poller(int fd, std::chrono::milliseconds max_wait);
+  // How long one poll keeps the progress thread parked: an application that stops polling
+  // and then sleeps on something of its own (not get_event) delays progress by at most
+  // this, once. Shorter leases wake the parked thread more often while the poller spins.
+  static constexpr std::chrono::microseconds kPollerLease{200};
+  // Longest sleep of wait_as_poller() before it looks at the clock and the timers again.
+  static constexpr std::chrono::milliseconds kMaxPollerSlice{100};
 
   std::mutex mutex;  // guards everything below and every core of this context
   engine::Reactor reactor{mutex};
@@ -39,9 +56,13 @@ struct ContextImpl {
   std::vector<std::uint8_t> receive_scratch;  // shared by the context's connections
   std::uint16_t p2p_listen_port = 0;  // advertised in CM headers: the first listener's port
   std::unique_ptr<P2pDriver> p2p;
-  std::uint32_t pd_counter = 0;
-  std::uint32_t qp_counter = 0;
-  std::uint32_t cmid_counter = 0;
+  // QPs made without a CmId (QueuePair::create), by number: rdma_cm's conn_param.qp_num.
+  std::unordered_map<std::uint32_t, std::weak_ptr<QueuePairImpl>> standalone_qps;
+  // Atomic: application threads create objects without the lock while the progress thread
+  // creates ids for incoming requests.
+  std::atomic<std::uint32_t> pd_counter = 0;
+  std::atomic<std::uint32_t> qp_counter = 0;
+  std::atomic<std::uint32_t> cmid_counter = 0;
 };
 
 }  // namespace peercm::detail

@@ -16,18 +16,28 @@ EventChannelImpl::~EventChannelImpl() {
   if (event_fd >= 0) ::close(event_fd);
 }
 
+// The fd is readable exactly while the queue holds events: it is written and drained under
+// the queue's lock, so an application that polls it never blocks in get_event() after a
+// wake-up (rdma_cm programs poll the fd, then fetch one event).
 void EventChannelImpl::push(CmEvent event) {
-  {
-    std::lock_guard lock(mutex);
-    events.push_back(std::move(event));
-  }
+  std::lock_guard lock(mutex);
+  events.push_back(std::move(event));
   const std::uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(event_fd, &one, sizeof one);
+}
+
+// Called when the queue may just have become empty: the counter is then non-zero, so the
+// read never blocks, even on an fd the application made blocking.
+void EventChannelImpl::drain_if_empty() {
+  if (!events.empty()) return;
+  std::uint64_t drained;
+  [[maybe_unused]] auto n = ::read(event_fd, &drained, sizeof drained);
 }
 
 std::vector<CmEvent> EventChannelImpl::purge(CmId* id) {
   std::vector<CmEvent> removed;
   std::lock_guard lock(mutex);
+  if (events.empty()) return removed;
   for (auto it = events.begin(); it != events.end();) {
     if (it->id == id || it->listen_id == id) {
       removed.push_back(std::move(*it));
@@ -36,6 +46,7 @@ std::vector<CmEvent> EventChannelImpl::purge(CmId* id) {
       ++it;
     }
   }
+  drain_if_empty();
   return removed;
 }
 
@@ -45,6 +56,7 @@ std::optional<CmEvent> EventChannelImpl::retract_request(CmId* id) {
     if (it->type == CmEventType::connect_request && it->id == id) {
       CmEvent event = std::move(*it);
       events.erase(it);
+      drain_if_empty();
       return event;
     }
   }
@@ -80,8 +92,7 @@ Result<CmEvent, std::errc> EventChannel::get_event(std::chrono::milliseconds tim
       if (!impl_->events.empty()) {
         CmEvent event = std::move(impl_->events.front());
         impl_->events.pop_front();
-        std::uint64_t drained;
-        if (impl_->events.empty()) [[maybe_unused]] auto n = ::read(impl_->event_fd, &drained, sizeof drained);
+        impl_->drain_if_empty();
         return event;
       }
       for (auto& weak : impl_->inline_contexts)

@@ -25,6 +25,7 @@ struct EventChannelImpl {
   std::optional<CmEvent> retract_request(CmId* id);
   // Inline progress: contexts whose ids report here are driven by get_event().
   void attach(const std::shared_ptr<ContextImpl>& context);
+  void drain_if_empty();  // with `mutex` held
 
   int event_fd = -1;
   std::mutex mutex;  // after any context lock in lock order

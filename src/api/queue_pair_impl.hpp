@@ -7,6 +7,7 @@
 
 #include "api/completion_queue_impl.hpp"
 #include "api/context_impl.hpp"
+#include "api/shared_receive_queue_impl.hpp"
 #include "core/queue_pair_engine.hpp"
 
 namespace peercm::detail {
@@ -17,12 +18,17 @@ struct QueuePairImpl {
   std::shared_ptr<ContextImpl> context;
   std::shared_ptr<CompletionQueueImpl> send_cq;
   std::shared_ptr<CompletionQueueImpl> recv_cq;
+  // The SRQ the engine takes receives from, until the QueuePair goes (then null).
+  std::shared_ptr<SharedReceiveQueueImpl> srq;
   QpCaps caps;
   std::uint32_t qp_num;
   core::QueuePairEngine engine;
   // Set by the connection carrying this QP: pushes pending bytes to the socket.
   // Called with the context lock held.
   std::function<void()> kick_transmit;
+  // A QP of its own (QueuePair::create) carries at most one connection in its life.
+  bool standalone = false;
+  bool claimed = false;
 };
 
 }  // namespace peercm::detail

@@ -9,10 +9,17 @@ QueuePairImpl::QueuePairImpl(std::shared_ptr<ContextImpl> ctx, std::uint32_t pd,
     : context(std::move(ctx)),
       send_cq(attr.send_cq->impl_shared()),
       recv_cq(attr.recv_cq->impl_shared()),
+      srq(attr.srq ? attr.srq->impl_shared() : nullptr),
       caps(attr.caps),
       qp_num(context->next_qp_num()),
-      engine(core::QpConfig{.qp_num = qp_num, .pd = pd, .caps = attr.caps, .signal_all = attr.sq_sig_all},
-             context->memory, *send_cq, *recv_cq) {}
+      engine(core::QpConfig{.qp_num = qp_num,
+                            .pd = pd,
+                            .caps = attr.caps,
+                            .signal_all = attr.sq_sig_all,
+                            .srq = srq ? &srq->queue : nullptr},
+             context->memory, *send_cq, *recv_cq) {
+  if (srq) ++srq->qps;
+}
 
 }  // namespace detail
 
@@ -50,13 +57,88 @@ Sge MemoryRegion::sge(std::size_t offset, std::size_t length) const {
              .lkey = stag_};
 }
 
+// --- shared receive queue ---
+
+Result<std::unique_ptr<SharedReceiveQueue>, std::errc> SharedReceiveQueue::create(ProtectionDomain& pd,
+                                                                                  const SrqAttr& attr) {
+  if (attr.max_wr == 0) return fail(std::errc::invalid_argument);
+  auto impl = std::make_shared<detail::SharedReceiveQueueImpl>();
+  impl->context = pd.context().impl_shared();
+  impl->pd = pd.handle();
+  impl->attr = SrqAttr{.max_wr = attr.max_wr, .max_sge = attr.max_sge, .srq_limit = 0};
+  return std::unique_ptr<SharedReceiveQueue>(new SharedReceiveQueue(pd, std::move(impl)));
+}
+
+SharedReceiveQueue::SharedReceiveQueue(ProtectionDomain& pd, std::shared_ptr<detail::SharedReceiveQueueImpl> impl)
+    : pd_(pd), impl_(std::move(impl)) {}
+
+SharedReceiveQueue::~SharedReceiveQueue() = default;
+
+Status<std::errc> SharedReceiveQueue::destroy(std::unique_ptr<SharedReceiveQueue>& srq) {
+  if (!srq) return fail(std::errc::invalid_argument);
+  {
+    std::lock_guard lock(srq->impl_->context->mutex);
+    if (srq->impl_->qps > 0) return fail(std::errc::device_or_resource_busy);
+  }
+  srq.reset();
+  return {};
+}
+
+Status<std::errc> SharedReceiveQueue::post_recv(const RecvWr& wr) {
+  auto& impl = *impl_;
+  std::lock_guard lock(impl.context->mutex);
+  if (wr.sg_list.size() > impl.attr.max_sge) return fail(std::errc::invalid_argument);
+  if (impl.queue.size() >= impl.attr.max_wr) return fail(std::errc::not_enough_memory);
+  // A QP's own receive with a bad SGE ends that QP's stream; an SRQ's WR has no stream yet,
+  // so the post itself fails.
+  core::PostedRecv posted = core::make_posted_recv(wr, impl.context->memory, impl.pd);
+  if (posted.error) return fail(std::errc::invalid_argument);
+  impl.queue.push(std::move(posted));
+  return {};
+}
+
+Status<std::errc> SharedReceiveQueue::modify(std::uint32_t srq_limit) {
+  std::lock_guard lock(impl_->context->mutex);
+  if (srq_limit > impl_->attr.max_wr) return fail(std::errc::invalid_argument);
+  impl_->attr.srq_limit = srq_limit;
+  return {};
+}
+
+SrqAttr SharedReceiveQueue::query() const {
+  std::lock_guard lock(impl_->context->mutex);
+  return impl_->attr;
+}
+
+std::size_t SharedReceiveQueue::posted() const {
+  std::lock_guard lock(impl_->context->mutex);
+  return impl_->queue.size();
+}
+
 // --- queue pair ---
+
+Result<std::unique_ptr<QueuePair>, std::errc> QueuePair::create(ProtectionDomain& pd, const QpInitAttr& attr) {
+  if (!attr.send_cq || !attr.recv_cq) return fail(std::errc::invalid_argument);
+  if (attr.srq && &attr.srq->pd().context() != &pd.context()) return fail(std::errc::invalid_argument);
+  auto& ctx = pd.context().impl();
+  std::lock_guard lock(ctx.mutex);
+  auto impl = std::make_shared<detail::QueuePairImpl>(pd.context().impl_shared(), pd.handle(), attr);
+  impl->standalone = true;
+  ctx.standalone_qps[impl->qp_num] = impl;
+  return std::unique_ptr<QueuePair>(new QueuePair(std::move(impl)));
+}
 
 QueuePair::QueuePair(std::shared_ptr<detail::QueuePairImpl> impl) : impl_(std::move(impl)) {}
 
 QueuePair::~QueuePair() {
   std::lock_guard lock(impl_->context->mutex);
   impl_->kick_transmit = nullptr;
+  if (impl_->standalone) impl_->context->standalone_qps.erase(impl_->qp_num);
+  if (impl_->srq) {
+    // A connection may still carry the engine: it must not take the SRQ's WRs any more.
+    impl_->engine.detach_srq();
+    --impl_->srq->qps;
+    impl_->srq.reset();
+  }
 }
 
 std::uint32_t QueuePair::qp_num() const { return impl_->qp_num; }

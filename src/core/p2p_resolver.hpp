@@ -29,6 +29,10 @@ struct P2pKey {
   std::uint32_t address = 0;
   std::uint16_t port = 0;
   std::uint32_t tag = 0;
+  // The sender's node GUID when its request advertises no listening port (0): without a
+  // listening address, only the node tells two non-listening peers on one host apart.
+  // Attempts always name a listener, so their keys leave it 0 and never match such a key.
+  std::uint64_t node = 0;
   friend auto operator<=>(const P2pKey&, const P2pKey&) = default;
 };
 

@@ -10,6 +10,7 @@
 
 #include "core/qp_memory.hpp"
 #include "core/queue_pair_engine.hpp"
+#include "wire/byte_io.hpp"
 
 namespace peercm::core {
 namespace {
@@ -35,6 +36,13 @@ std::size_t QueuePairEngine::handle_bytes(std::span<const std::uint8_t> bytes) {
     std::size_t consumed = 0;
     const wire::FpduEvent event = decoder_->next(rest, consumed);
     if (in_header) capture_raw(rest.first(consumed));
+    if (in_header && event.kind == wire::FpduEvent::Kind::error && raw_filled_ >= wire::kUlpduLengthSize) {
+      // The Terminate copies the rejected header too (RFC 5040 §7.1, iwarp-wire.md §3.8):
+      // keep what the input holds of this ULPDU, not only the bytes the decoder looked at.
+      const std::size_t ulpdu_end = wire::kUlpduLengthSize + wire::load_be16(raw_.data());
+      if (ulpdu_end > raw_filled_)
+        capture_raw(rest.subspan(consumed).first(std::min(rest.size() - consumed, ulpdu_end - raw_filled_)));
+    }
     used += consumed;
     switch (event.kind) {
       case wire::FpduEvent::Kind::need_more:
@@ -273,26 +281,31 @@ bool QueuePairEngine::handle_read_response_segment(const wire::SegmentHeader& he
 }
 
 // RFC 5041 §7.2 untagged sink checks for QN 0: the next MSN, a posted buffer (RFC 5040
-// §5.3: a Send without a posted receive is an error), MO and length inside it.
+// §5.3: a Send without a posted receive is an error; an empty SRQ is no different), MO and
+// length inside it.
 bool QueuePairEngine::handle_send_segment(const wire::SegmentHeader& header, std::size_t payload_length) {
   rx_.kind = RxKind::send;
   if (header.msn != expected_send_msn_) {
     terminate_inbound(ddp_untagged(0x03));  // MSN range not valid
     return false;
   }
-  if (rq_.empty()) {
+  const PostedRecv* next = recv_taken_ ? &*recv_taken_ : receive_source_->next();
+  if (!next) {
     terminate_inbound(ddp_untagged(0x02));  // MSN: no buffer
     return false;
   }
-  RecvEntry& recv = rq_.front();
-  if (header.message_offset > recv.capacity) {
+  if (header.message_offset > next->capacity) {
     terminate_inbound(ddp_untagged(0x04));  // invalid MO
     return false;
   }
-  if (header.message_offset + std::uint64_t{payload_length} > recv.capacity) {
+  if (header.message_offset + std::uint64_t{payload_length} > next->capacity) {
     terminate_inbound(ddp_untagged(0x05));  // message too long for the buffer
     return false;
   }
+  // The message owns its receive from its first segment on: other QPs draw from an SRQ
+  // between this message's segments.
+  if (!recv_taken_) recv_taken_ = receive_source_->take();
+  PostedRecv& recv = *recv_taken_;
   rx_.recv = &recv;
   // Scatter cursor at MO.
   std::uint64_t offset = header.message_offset;
@@ -378,7 +391,7 @@ void QueuePairEngine::place(std::span<const std::uint8_t> bytes) {
 // length = MO + payload of that segment. Send with Invalidate invalidates first.
 void QueuePairEngine::deliver_send() {
   const wire::SegmentHeader& header = rx_.header;
-  RecvEntry& recv = rq_.front();
+  const PostedRecv& recv = *recv_taken_;
   WorkCompletion wc;
   wc.wr_id = recv.wr.wr_id;
   wc.status = WcStatus::success;
@@ -395,7 +408,7 @@ void QueuePairEngine::deliver_send() {
   }
   const bool solicited = wire::is_solicited(header.opcode);
   if (solicited) wc.wc_flags |= kWcSolicited;
-  rq_.pop_front();
+  recv_taken_.reset();
   rx_.recv = nullptr;
   ++expected_send_msn_;
   push_recv_completion(wc, solicited);

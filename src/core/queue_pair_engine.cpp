@@ -26,7 +26,12 @@ WcOpcode wc_opcode(WrOpcode op) {
 
 QueuePairEngine::QueuePairEngine(const QpConfig& config, MemoryTable& memory, CompletionSink& send_cq,
                                  CompletionSink& recv_cq)
-    : config_(config), memory_(memory), send_cq_(send_cq), recv_cq_(recv_cq), ring_(kTxSlots) {
+    : config_(config),
+      memory_(memory),
+      send_cq_(send_cq),
+      recv_cq_(recv_cq),
+      ring_(kTxSlots),
+      receive_source_(config.srq ? config.srq : &rq_) {
   // A slot's piece list grows on its first use and keeps its capacity: creating a QP (which
   // connection setup does N times) allocates nothing per slot, framing soon allocates nothing.
 }
@@ -90,6 +95,8 @@ Status<std::errc> QueuePairEngine::post_send(const SendWr& wr) {
 }
 
 Status<std::errc> QueuePairEngine::post_recv(const RecvWr& wr) {
+  // verbs: a QP with an SRQ has no receive queue of its own.
+  if (config_.srq) return fail(std::errc::invalid_argument);
   if (wr.sg_list.size() > config_.caps.max_recv_sge) return fail(std::errc::invalid_argument);
   if (state_ == QpState::error) {
     push_recv_completion(WorkCompletion{.wr_id = wr.wr_id,
@@ -100,21 +107,16 @@ Status<std::errc> QueuePairEngine::post_recv(const RecvWr& wr) {
     after_input();
     return {};
   }
-  if (rq_.size() >= config_.caps.max_recv_wr) return fail(std::errc::not_enough_memory);
-  RecvEntry& entry = rq_.emplace_back();
-  entry.wr = wr;
-  bool local_ok = true;
-  for (const Sge& sge : wr.sg_list) {
-    entry.capacity += sge.length;
-    local_ok = local_ok && memory_.check_local(sge, config_.pd, true);
-  }
-  if (!local_ok) {
-    entry.error = WcStatus::local_protection_error;
-    send_terminate(wire::TerminateHeader{.code = {wire::TerminateLayer::rdmap, 0x0, 0x00}});
-  }
+  if (recv_queue_size() >= config_.caps.max_recv_wr) return fail(std::errc::not_enough_memory);
+  PostedRecv posted = make_posted_recv(wr, memory_, config_.pd);
+  const bool local_ok = !posted.error;
+  rq_.push(std::move(posted));
+  if (!local_ok) send_terminate(wire::TerminateHeader{.code = {wire::TerminateLayer::rdmap, 0x0, 0x00}});
   after_input();
   return {};
 }
+
+void QueuePairEngine::detach_srq() { receive_source_ = &rq_; }
 
 // ---------------------------------------------------------------- connection inputs
 
@@ -218,16 +220,20 @@ void QueuePairEngine::flush_all() {
   inbound_reads_.clear();
   inbound_next_ = inbound_base_;
   rx_ = RxSegment{};
-  while (!rq_.empty()) {
-    const RecvEntry& entry = rq_.front();
-    push_recv_completion(WorkCompletion{.wr_id = entry.wr.wr_id,
-                                        .status = entry.error.value_or(WcStatus::wr_flush_error),
-                                        .opcode = WcOpcode::recv,
-                                        .qp_num = config_.qp_num},
-                         false);
-    rq_.pop_front();
-  }
+  // The receive of the message in progress was posted before everything still in rq_. An
+  // SRQ keeps its WRs: they were never this QP's.
+  if (recv_taken_) flush_recv(*recv_taken_);
+  recv_taken_.reset();
+  while (!rq_.empty()) flush_recv(rq_.take());
   flushing_ = false;
+}
+
+void QueuePairEngine::flush_recv(const PostedRecv& posted) {
+  push_recv_completion(WorkCompletion{.wr_id = posted.wr.wr_id,
+                                      .status = posted.error.value_or(WcStatus::wr_flush_error),
+                                      .opcode = WcOpcode::recv,
+                                      .qp_num = config_.qp_num},
+                       false);
 }
 
 void QueuePairEngine::push_send_completion(const WorkCompletion& wc) {

@@ -16,6 +16,7 @@
 
 #include "core/memory_table.hpp"
 #include "core/mpa_handshake.hpp"
+#include "core/receive_queue.hpp"
 #include "peercm/result.hpp"
 #include "peercm/verbs_types.hpp"
 #include "wire/ddp_rdmap.hpp"
@@ -37,6 +38,9 @@ struct QpConfig {
   std::uint32_t pd = 0;
   QpCaps caps;
   bool signal_all = true;  // sq_sig_all: every send WR generates a completion
+  // A shared receive queue: untagged Sends take their receives from it, in its posting
+  // order, and post_recv() is EINVAL. It outlives the engine, or detach_srq() comes first.
+  ReceiveQueue* srq = nullptr;
 };
 
 // What the MPA exchange decided, handed over when the connection enters full operation.
@@ -76,6 +80,9 @@ class QueuePairEngine {
   // accepted and completes with a flush error. Work posted before connect() waits.
   Status<std::errc> post_send(const SendWr& wr);
   Status<std::errc> post_recv(const RecvWr& wr);
+  // The QP stops drawing from its SRQ (it is being destroyed): a later Send finds no
+  // receive. A receive already taken stays with the QP and completes (or flushes) here.
+  void detach_srq();
 
   // --- connection inputs ---
   // Full operation starts (state RTS): the RTR, then queued work, go out.
@@ -114,6 +121,9 @@ class QueuePairEngine {
   //   (RFC 5041 §7.2).
   // - At most 64 FPDUs / ~256 KiB are framed ahead of the socket; payload iovecs point into
   //   the registered buffers (or the inline copy taken at post time).
+  // - A Send's receive leaves its queue (the QP's own or the SRQ) with the message's first
+  //   accepted segment and is the QP's until the message completes; flushing completes that
+  //   one and the QP's own queue, never what is left in an SRQ (verbs: it serves other QPs).
   // - A Terminate is not held by the responder fence (RFC 6581 §9.3: a responder that gets
   //   no matching RTR must be able to say 2/0/7). An FPDU partly written when the QP enters
   //   ERROR is finished from a private copy, never cut; nothing new is framed after it.
@@ -123,7 +133,8 @@ class QueuePairEngine {
 
   // Small accessors (for the API layer and tests).
   std::size_t send_queue_size() const { return sq_.size(); }  // posted, not yet completed
-  std::size_t recv_queue_size() const { return rq_.size(); }
+  // Receives posted to this QP (or taken from its SRQ) and not yet completed.
+  std::size_t recv_queue_size() const { return rq_.size() + (recv_taken_ ? 1 : 0); }
   std::size_t outstanding_reads() const { return outbound_reads_.size(); }
 
   QueuePairEngine(const QueuePairEngine&) = delete;
@@ -138,11 +149,6 @@ class QueuePairEngine {
     enum class Phase : std::uint8_t { queued, transmitting, awaiting_response, done } phase = Phase::queued;
     WcStatus status = WcStatus::success;
     bool signaled = true;
-  };
-  struct RecvEntry {
-    RecvWr wr;
-    std::uint64_t capacity = 0;  // sum of the SGE lengths
-    std::optional<WcStatus> error;  // set when the WR failed its local checks at post time
   };
   // An RDMA Read we sent and whose Read Response has not completed (ORD, RFC 5040 §6.1).
   struct OutboundRead {
@@ -190,7 +196,7 @@ class QueuePairEngine {
     std::size_t length = 0;  // payload bytes of the segment
     std::size_t placed = 0;
     std::uint8_t* tagged_target = nullptr;
-    RecvEntry* recv = nullptr;
+    PostedRecv* recv = nullptr;
     std::size_t sge_index = 0;
     std::uint64_t sge_offset = 0;
   };
@@ -239,6 +245,7 @@ class QueuePairEngine {
   // queue_pair_engine.cpp
   void enter_error();
   void flush_all();
+  void flush_recv(const PostedRecv& posted);
   void push_send_completion(const WorkCompletion& wc);
   void push_recv_completion(const WorkCompletion& wc, bool solicited);
   void after_input();
@@ -279,7 +286,9 @@ class QueuePairEngine {
   bool terminate_framed_ = false;
 
   // receive
-  std::deque<RecvEntry> rq_;
+  ReceiveQueue rq_;                       // posted to this QP
+  ReceiveQueue* receive_source_;          // where Sends take their receives: rq_ or the SRQ
+  std::optional<PostedRecv> recv_taken_;  // the receive of the Send message in progress
   std::deque<InboundRead> inbound_reads_;
   std::uint64_t inbound_base_ = 0;
   std::uint64_t inbound_next_ = 0;  // next inbound read to answer

@@ -259,6 +259,10 @@ void Reactor::stop_thread() {
     thread = std::move(thread_);
   }
   wake();
+  {
+    const std::lock_guard<std::mutex> park(park_mutex_);
+    park_cv_.notify_all();
+  }
   // Its final round needs the owner mutex: the caller must not hold it.
   thread.join();
 }
@@ -266,10 +270,42 @@ void Reactor::stop_thread() {
 void Reactor::thread_main(std::uint64_t generation) {
   const CurrentReactorScope scope(this);
   std::unique_lock<std::mutex> lock(owner_);
-  while (run_generation_.load() == generation) run_once(lock, kForever);
+  while (run_generation_.load() == generation) {
+    if (poller_lease_until_.load(std::memory_order_relaxed) > Clock::now().time_since_epoch().count()) {
+      lock.unlock();
+      park_during_lease(generation);
+      lock.lock();
+      continue;
+    }
+    run_once(lock, kForever);
+  }
+}
+
+void Reactor::park_during_lease(std::uint64_t generation) {
+  std::unique_lock<std::mutex> park(park_mutex_);
+  for (;;) {
+    const Clock::rep until = poller_lease_until_.load(std::memory_order_relaxed);
+    if (run_generation_.load() != generation || until <= Clock::now().time_since_epoch().count()) return;
+    park_cv_.wait_until(park, Clock::time_point(Clock::duration(until)));
+  }
+}
+
+void Reactor::lend_to_poller(Clock::duration lease) {
+  poller_lease_until_.store((Clock::now() + lease).time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+void Reactor::end_poller_lease() {
+  if (poller_lease_until_.exchange(0, std::memory_order_relaxed) == 0) return;
+  const std::lock_guard<std::mutex> park(park_mutex_);
+  park_cv_.notify_all();
 }
 
 bool Reactor::on_reactor_thread() const { return t_current_reactor == this; }
+
+std::optional<Clock::time_point> Reactor::next_deadline() const {
+  if (timers_.empty()) return std::nullopt;
+  return timers_.begin()->first;
+}
 
 std::size_t Reactor::registered_fds() const { return registrations_.size(); }
 

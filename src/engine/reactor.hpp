@@ -17,11 +17,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -80,8 +82,21 @@ class Reactor {
   // the progress thread itself it only requests the stop: the thread ends after the
   // current round and is joined by the next start_thread(), stop_thread() or destructor.
   void stop_thread();
+  // Busy-poll hand-off. An application thread that keeps polling drives the reactor itself
+  // (run_once with no wait); while its lease lasts the progress thread parks instead of
+  // waking for every event only to race the poller for the mutex and the CPU. The lease
+  // ends on its own, or at once when the poller is about to block. Thread-safe.
+  void lend_to_poller(Clock::duration lease);
+  void end_poller_lease();
+
   // True on the progress thread, and inside run_once() on the thread calling it.
   bool on_reactor_thread() const;
+
+  // The epoll fd: readable when run_once() would find an fd ready. Lets a thread sleep on
+  // the reactor and something else of its own in one poll().
+  int pollable_fd() const { return epoll_fd_; }
+  // The earliest timer deadline, if any (owner mutex held).
+  std::optional<Clock::time_point> next_deadline() const;
 
   std::size_t registered_fds() const;
   std::size_t pending_timers() const;
@@ -100,6 +115,8 @@ class Reactor {
 
   void dispatch_timers(Clock::time_point now);
   void thread_main(std::uint64_t generation);
+  // Progress thread, owner mutex NOT held: sleeps while a poller's lease lasts.
+  void park_during_lease(std::uint64_t generation);
 
   std::mutex& owner_;
   int epoll_fd_ = -1;
@@ -127,6 +144,12 @@ class Reactor {
   std::thread thread_;
   std::uint64_t thread_generation_ = 0;
   std::atomic<std::uint64_t> run_generation_{0};
+
+  // End of the current poller lease (Clock ticks since its epoch; 0: none). The park
+  // mutex only pairs the progress thread's sleep with end_poller_lease() and stop_thread().
+  std::atomic<Clock::rep> poller_lease_until_{0};
+  std::mutex park_mutex_;
+  std::condition_variable park_cv_;
 };
 
 }  // namespace peercm::engine

@@ -241,5 +241,46 @@ TEST(PeerToPeer, OneConnectionPerKeyUnlessTheTagDiffers) {
   EXPECT_EQ(requests, 2);
 }
 
+// Two nodes without listeners share the key (host, port 0, tag) a server would derive from
+// their requests; the node GUID keeps them apart, so the second is neither a duplicate nor
+// a restart of the first (rules 2 and 6).
+TEST(PeerToPeer, NonListeningClientsOnOneHostAreDistinctPeers) {
+  Node server(0x10);
+  Side client_a(ContextOptions{.node_guid = 0x20}), client_b(ContextOptions{.node_guid = 0x30});
+  std::vector<std::unique_ptr<CmId>> ids;
+  int established = 0;
+  for (Side* c : {&client_a, &client_b}) {
+    auto id = std::move(CmId::create(*c->context, *c->channel).value());
+    ASSERT_TRUE(id->set_option(CmOption::peer_to_peer, 1));
+    ASSERT_TRUE(id->set_option(CmOption::p2p_tag, 5));
+    ASSERT_TRUE(id->resolve_addr(loopback(server.port)));
+    expect_event(*c->channel, CmEventType::addr_resolved);
+    ASSERT_TRUE(id->resolve_route());
+    expect_event(*c->channel, CmEventType::route_resolved);
+    id->create_qp(*c->pd, c->qp_attr()).value();
+    ASSERT_TRUE(id->connect({}));
+    auto request = server.side.channel->get_event(5s);
+    if (request && request->type == CmEventType::established) {
+      ++established;  // the previous client's connection
+      request = server.side.channel->get_event(5s);
+    }
+    ASSERT_TRUE(request);
+    ASSERT_EQ(request->type, CmEventType::connect_request);
+    request->new_id->create_qp(*server.side.pd, server.side.qp_attr()).value();
+    ASSERT_TRUE(request->new_id->accept({}));
+    server.accepted.push_back(std::move(request->new_id));
+    expect_event(*c->channel, CmEventType::established);
+    ids.push_back(std::move(id));
+  }
+  for (auto e = server.side.channel->get_event(2s); e; e = server.side.channel->get_event(300ms)) {
+    EXPECT_NE(e->type, CmEventType::disconnected) << "the second client replaced the first";
+    if (e->type == CmEventType::established) ++established;
+  }
+  EXPECT_EQ(established, 2);
+  EXPECT_EQ(cm_stats(*server.side.context).rejects_sent[static_cast<int>(RejectReason::duplicate)], 0u);
+  // Both connections still carry data.
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_EQ(ids[i]->qp()->state(), QpState::rts);
+}
+
 }  // namespace
 }  // namespace peercm::test

@@ -79,8 +79,11 @@ bool has_pattern(std::span<const std::uint8_t> bytes, std::uint64_t seed) {
 
 class Peer {
  public:
-  explicit Peer(std::uint32_t qp_num, QpCaps caps = {}, bool signal_all = true, std::uint32_t protection_domain = 7)
-      : memory(qp_num * 1000003ull), pd(protection_domain), qp(QpConfig{qp_num, protection_domain, caps, signal_all}, memory, scq, rcq) {}
+  explicit Peer(std::uint32_t qp_num, QpCaps caps = {}, bool signal_all = true, std::uint32_t protection_domain = 7,
+                ReceiveQueue* srq = nullptr)
+      : memory(qp_num * 1000003ull),
+        pd(protection_domain),
+        qp(QpConfig{qp_num, protection_domain, caps, signal_all, srq}, memory, scq, rcq) {}
 
   Mr reg(std::size_t size, std::uint32_t access = kAllAccess, std::optional<std::uint32_t> in_pd = std::nullopt) {
     auto& buffer = buffers.emplace_back(std::make_unique_for_overwrite<std::uint8_t[]>(size + 1));
@@ -1278,6 +1281,128 @@ TEST(QueuePairEngine, CqOverrunMovesTheQpToError) {
   EXPECT_EQ(b.rcq.wcs.size(), 1u);
   EXPECT_EQ(b.qp.recv_queue_size(), 0u);
   a.expect_all_completed_once();
+}
+
+// ---------------------------------------------------------------- shared receive queue
+
+// Two connections (a1 -> b1, a2 -> b2) whose receivers take their receives from one SRQ of
+// three 4000-byte WRs (ids 10, 11, 12), CRC off so that a Send's first segment is checked,
+// and its receive taken, as soon as its header arrives.
+struct SharedReceivers {
+  SharedReceivers() {
+    sink = b1.reg(3 * 4000);
+    for (std::uint64_t i = 0; i < 3; ++i) {
+      RecvWr wr{.wr_id = 10 + i, .sg_list = {sink.sge(i * 4000, 4000)}};
+      srq.push(make_posted_recv(wr, b1.memory, b1.pd));
+    }
+    connect(a1, b1, false);
+    connect(a2, b2, false);
+  }
+  // Everything `from` offers to send, as the bytes a receiver would read.
+  static Bytes drain(Peer& from) {
+    Bytes out;
+    std::array<iovec, 64> iov{};
+    while (const std::size_t n = from.qp.gather_transmit(iov)) {
+      std::size_t total = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto* p = static_cast<const std::uint8_t*>(iov[i].iov_base);
+        out.insert(out.end(), p, p + iov[i].iov_len);
+        total += iov[i].iov_len;
+      }
+      from.qp.handle_transmitted(total);
+    }
+    return out;
+  }
+
+  ReceiveQueue srq;
+  Peer a1{1};
+  Peer a2{3};
+  Peer b1{2, {}, true, 7, &srq};
+  Peer b2{4, {}, true, 7, &srq};
+  Mr sink;
+};
+
+TEST(QueuePairEngine, SharedReceiveQueueIsTakenInOrderAcrossQueuePairs) {
+  SharedReceivers s;
+  Mr m1 = s.a1.reg(3000);
+  Mr m2 = s.a2.reg(100);
+  fill_pattern(m1.bytes(), 1);
+  fill_pattern(m2.bytes(), 2);
+  ASSERT_TRUE(s.a1.send(1, WrOpcode::send, {m1.sge(0, 3000)}));
+  ASSERT_TRUE(s.a2.send(2, WrOpcode::send, {m2.sge(0, 100)}));
+  const Bytes stream = SharedReceivers::drain(s.a1);
+  ASSERT_GT(stream.size(), 100u);
+  // b1 has the first segment's header: the message owns the oldest WR from here on.
+  ASSERT_EQ(s.b1.qp.handle_bytes(std::span(stream).first(60)), 60u);
+  EXPECT_EQ(s.srq.size(), 2u);
+  EXPECT_EQ(s.b1.qp.recv_queue_size(), 1u);
+  EXPECT_TRUE(s.b1.rcq.wcs.empty());
+  // Meanwhile b2's Send takes the next one.
+  Pump pump(s.a2, s.b2, 7);
+  pump.run();
+  ASSERT_EQ(s.b2.rcq.wcs.size(), 1u);
+  EXPECT_EQ(s.b2.rcq.wcs[0].wr_id, 11u);
+  EXPECT_EQ(s.b2.rcq.wcs[0].qp_num, 4u);
+  EXPECT_EQ(s.b2.rcq.wcs[0].byte_len, 100u);
+  EXPECT_TRUE(has_pattern(s.sink.bytes().subspan(4000, 100), 2));
+  // The rest of b1's message lands in the WR it took.
+  const std::size_t rest = stream.size() - 60;
+  ASSERT_EQ(s.b1.qp.handle_bytes(std::span(stream).subspan(60)), rest);
+  ASSERT_EQ(s.b1.rcq.wcs.size(), 1u);
+  EXPECT_EQ(s.b1.rcq.wcs[0].wr_id, 10u);
+  EXPECT_EQ(s.b1.rcq.wcs[0].qp_num, 2u);
+  EXPECT_EQ(s.b1.rcq.wcs[0].byte_len, 3000u);
+  EXPECT_TRUE(has_pattern(s.sink.bytes().first(3000), 1));
+  EXPECT_EQ(s.srq.size(), 1u);
+  EXPECT_EQ(s.b1.qp.recv_queue_size(), 0u);
+  EXPECT_EQ(s.b1.qp.state(), QpState::rts);
+}
+
+TEST(QueuePairEngine, FlushCompletesOnlyTheReceiveTakenFromTheSharedQueue) {
+  SharedReceivers s;
+  Mr m1 = s.a1.reg(3000);
+  Mr m2 = s.a2.reg(100);
+  ASSERT_TRUE(s.a1.send(1, WrOpcode::send, {m1.sge(0, 3000)}));
+  ASSERT_TRUE(s.a2.send(2, WrOpcode::send, {m2.sge(0, 100)}));
+  const Bytes stream = SharedReceivers::drain(s.a1);
+  ASSERT_EQ(s.b1.qp.handle_bytes(std::span(stream).first(60)), 60u);
+  // verbs: a QP with an SRQ has no receive queue of its own.
+  EXPECT_EQ(s.b1.qp.post_recv(RecvWr{.wr_id = 99, .sg_list = {s.sink.sge(0, 8)}}).error(), std::errc::invalid_argument);
+  s.b1.qp.handle_connection_lost();
+  ASSERT_EQ(s.b1.rcq.wcs.size(), 1u);
+  EXPECT_EQ(s.b1.rcq.wcs[0].wr_id, 10u);
+  EXPECT_EQ(s.b1.rcq.wcs[0].status, WcStatus::wr_flush_error);
+  EXPECT_EQ(s.b1.rcq.wcs[0].qp_num, 2u);
+  EXPECT_EQ(s.srq.size(), 2u) << "the SRQ's WRs stay for the other QPs";
+  EXPECT_EQ(s.b1.qp.post_recv(RecvWr{.wr_id = 99, .sg_list = {s.sink.sge(0, 8)}}).error(), std::errc::invalid_argument);
+  Pump pump(s.a2, s.b2, 8);
+  pump.run();
+  ASSERT_EQ(s.b2.rcq.wcs.size(), 1u);
+  EXPECT_EQ(s.b2.rcq.wcs[0].wr_id, 11u);
+  EXPECT_EQ(s.b2.rcq.wcs[0].status, WcStatus::success);
+  EXPECT_EQ(s.srq.size(), 1u);
+}
+
+TEST(QueuePairEngine, EmptyOrDetachedSharedQueueIsASendWithoutAPostedReceive) {
+  for (const bool detached : {false, true}) {
+    SCOPED_TRACE(detached ? "detached" : "empty");
+    SharedReceivers s;
+    if (detached) {
+      s.b1.qp.detach_srq();
+    } else {
+      while (!s.srq.empty()) s.srq.take();
+    }
+    const std::size_t left = s.srq.size();
+    Mr m1 = s.a1.reg(10);
+    ASSERT_TRUE(s.a1.send(1, WrOpcode::send, {m1.sge(0, 10)}));
+    Pump pump(s.a1, s.b1, 9);
+    pump.run();
+    const auto event = find_event(s.b1.events(), QpEvent::Kind::terminate_sent);
+    ASSERT_TRUE(event);
+    EXPECT_EQ(event->code, (TerminateCode{TerminateLayer::ddp, 0x2, 0x02}));  // RFC 5041 §7.2: no buffer
+    EXPECT_TRUE(s.b1.rcq.wcs.empty());
+    EXPECT_EQ(s.srq.size(), left);
+  }
 }
 
 // ---------------------------------------------------------------- RTR and the responder fence

@@ -204,14 +204,17 @@ CmEvent wait_event(EventChannel& channel, const CmId* id, std::initializer_list<
 Endpoint::Endpoint(Device& device, std::unique_ptr<CmId> id, const EndpointConfig& config, EventStash* stash)
     : device_(device),
       stash_(stash),
-      event_driven_(config.event_driven),
-      spin_(device.context->progress_mode() == ProgressMode::thread ? std::chrono::microseconds(0)
-                                                                     : kSpinBeforeYield),
+      wait_(config.wait),
+      // Yielding at once lets the progress threads run; the hybrid policy spins first so
+      // that a quick reply costs no sleep.
+      spin_(device.context->progress_mode() == ProgressMode::thread && config.wait != WaitPolicy::hybrid
+                ? std::chrono::microseconds(0)
+                : kSpinBeforeYield),
       id_(std::move(id)) {
   auto pd = ProtectionDomain::allocate(*device.context);
   if (!pd) throw_errc("ProtectionDomain::allocate", pd.error());
   pd_ = std::move(*pd);
-  if (event_driven_) {
+  if (wait_ != WaitPolicy::poll) {
     auto ch = CompletionChannel::create(*device.context);
     if (!ch) throw_errc("CompletionChannel::create", ch.error());
     comp_channel_ = std::move(*ch);
@@ -311,27 +314,40 @@ WorkCompletion Endpoint::wait_completion(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   const auto start = Clock::now();
   WorkCompletion wc;
-  unsigned idle = 0;
+  const std::span<WorkCompletion> one(&wc, 1);
+  unsigned idle_polls = 0;
   for (;;) {
-    if (poll(std::span(&wc, 1)) == 1) return wc;
-    if (event_driven_) {
+    if (poll(one) == 1) return wc;
+    if (wait_ == WaitPolicy::block) {
       if (Clock::now() >= deadline) break;
-      // Arm, poll once more (a completion may have arrived before arming), then sleep.
-      auto armed = cq_->request_notify();
-      if (!armed) throw_errc("request_notify", armed.error());
-      if (poll(std::span(&wc, 1)) == 1) return wc;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      auto got = comp_channel_->get_event(std::max(left, std::chrono::milliseconds(1)));
-      if (got) comp_channel_->ack_events(**got, 1);
-    } else if (++idle % 64 == 0) {
-      // Busy polling; after a while let other threads (progress threads) run.
+      if (sleep_until_completion(deadline, one) == 1) return wc;
+    } else if (++idle_polls % 64 == 0) {
       const auto now = Clock::now();
       if (now >= deadline) break;
-      if (should_yield(start, now)) std::this_thread::yield();
+      if (idle(start, now, deadline, one) == 1) return wc;
     }
   }
   throw ToolError(fmt::format("timed out after {} ms waiting for a work completion (QP state {})",
                               timeout.count(), to_string(qp_->state())));
+}
+
+std::size_t Endpoint::idle(Clock::time_point start, Clock::time_point now, Clock::time_point deadline,
+                           std::span<WorkCompletion> out) {
+  if (!should_yield(start, now)) return 0;
+  if (wait_ == WaitPolicy::hybrid) return sleep_until_completion(deadline, out);
+  std::this_thread::yield();  // let progress threads and the peer run
+  return 0;
+}
+
+std::size_t Endpoint::sleep_until_completion(Clock::time_point deadline, std::span<WorkCompletion> out) {
+  // A completion may arrive between the last poll and arming: poll once more after.
+  auto armed = cq_->request_notify();
+  if (!armed) throw_errc("request_notify", armed.error());
+  if (const std::size_t n = poll(out); n > 0) return n;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  auto got = comp_channel_->get_event(std::max(left, std::chrono::milliseconds(1)));
+  if (got) comp_channel_->ack_events(**got, 1);
+  return 0;
 }
 
 ConnParam Endpoint::connect(const ConnParam& param) {

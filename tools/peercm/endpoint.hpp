@@ -144,12 +144,18 @@ using EventStash = std::deque<CmEvent>;
 CmEvent wait_event(EventChannel& channel, const CmId* id, std::initializer_list<CmEventType> wanted,
                    EventStash* stash = nullptr, std::chrono::milliseconds timeout = kWaitTimeout);
 
+// How a thread waits for completions.
+enum class WaitPolicy {
+  poll,    // busy-poll the CQ (perftest style), yielding after the spin budget
+  block,   // sleep on the completion channel between completions
+  hybrid,  // busy-poll for the spin budget, then sleep on the completion channel
+};
+
 struct EndpointConfig {
   std::uint32_t cq_capacity = 1024;
   QpCaps caps{};
   bool sig_all = true;
-  // Wait for completions through a CompletionChannel (sleeps) instead of busy polling.
-  bool event_driven = false;
+  WaitPolicy wait = WaitPolicy::poll;
 };
 
 // One side of a connection. The CmId comes from resolve (client) or from a CONNECT_REQUEST
@@ -208,13 +214,21 @@ class Endpoint {
   // Whether an idle busy poll that started at `start` should yield the CPU now (called
   // every few dozen empty polls).
   bool should_yield(Clock::time_point start, Clock::time_point now) const { return now - start >= spin_; }
+  // Called by an idle busy poll every few dozen empty polls: yields the CPU, or with the
+  // hybrid policy sleeps on the completion channel, once the spin budget is spent.
+  // Returns the completions it found on the way (into `out`).
+  std::size_t idle(Clock::time_point start, Clock::time_point now, Clock::time_point deadline,
+                   std::span<WorkCompletion> out);
+  // Arms the CQ, polls once more (into `out`) and, if that found nothing, sleeps on the
+  // completion channel until a completion event or `deadline`.
+  std::size_t sleep_until_completion(Clock::time_point deadline, std::span<WorkCompletion> out);
   // How long an idle busy poll spins before it starts yielding (default: see kSpinBeforeYield).
   void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
 
  private:
   Device& device_;
   EventStash* stash_;
-  bool event_driven_;
+  WaitPolicy wait_;
   std::chrono::microseconds spin_;
   std::unique_ptr<ProtectionDomain> pd_;
   std::unique_ptr<CompletionChannel> comp_channel_;

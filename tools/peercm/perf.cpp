@@ -70,8 +70,8 @@ enum PerfControl : std::uint32_t { kFin = 1, kDone = 2, kCredit = 3 };
 
 // --spin-us: how long idle busy polls spin before yielding (both ends of this process).
 std::optional<std::chrono::microseconds> g_spin;
-// --wait block: sleep on the completion channel between completions (like a blocking recv).
-bool g_block = false;
+// --wait: how the application threads wait for completions.
+WaitPolicy g_wait = WaitPolicy::poll;
 
 void apply_spin(Endpoint& ep) {
   if (g_spin) ep.set_spin(*g_spin);
@@ -144,7 +144,7 @@ EndpointConfig perf_config(const PerfParams& p) {
   c.caps.max_recv_wr = kRecvDepth + kCtrlSlots + 16;
   c.cq_capacity = c.caps.max_send_wr + c.caps.max_recv_wr + 64;
   c.sig_all = false;
-  c.event_driven = g_block;  // default: busy polling, as perftest does
+  c.wait = g_wait;  // default: busy polling, as perftest does
   return c;
 }
 
@@ -195,11 +195,13 @@ class Poller {
       last_ = Clock::now();
       idle_ = 0;
     } else if (++idle_ % 64 == 0) {
-      const auto idle = Clock::now() - last_;
-      if (idle > timeout_)
+      const auto now = Clock::now();
+      if (now - last_ > timeout_)
         throw ToolError(fmt::format("no completion for {} ms (QP state {})", timeout_.count(),
                                     to_string(ep_.qp().state())));
-      if (ep_.should_yield(last_, Clock::now())) std::this_thread::yield();
+      const std::size_t found = ep_.idle(last_, now, last_ + timeout_, batch_);
+      if (found > 0) last_ = Clock::now();
+      return std::span(batch_, found);
     }
     return std::span(batch_, n);
   }
@@ -530,6 +532,7 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
                        {"tcp", tcp},
                        {"ratio", ratio},
                        {"progress", o.progress},
+                       {"wait", o.wait},
                        {"crc", crc},
                        {"peercm_detail", detail_json(p, r.peercm)},
                        {"tcp_detail", detail_json(p, r.tcp)}};
@@ -661,14 +664,16 @@ void add_perf(CLI::App& app) {
   cmd->add_option("--progress", o->progress, "Progress mode of the peercm contexts")
       ->check(CLI::IsMember({"thread", "inline"}));
   cmd->add_option("--spin-us", o->spin_us,
-                  "Idle busy polls spin this long before yielding the CPU (-1: 0 with progress threads, "
-                  "50 inline)");
-  cmd->add_option("--wait", o->wait, "poll: busy-poll the CQ (perftest style); block: sleep on the completion channel")
-      ->check(CLI::IsMember({"poll", "block"}));
+                  "Idle busy polls spin this long before yielding the CPU or, with --wait hybrid, "
+                  "sleeping (-1: 0 with progress threads, 50 inline or hybrid)");
+  cmd->add_option("--wait", o->wait,
+                  "poll: busy-poll the CQ (perftest style); block: sleep on the completion channel; "
+                  "hybrid: busy-poll for the spin budget, then sleep")
+      ->check(CLI::IsMember({"poll", "block", "hybrid"}));
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   cmd->callback([o] {
     if (o->spin_us >= 0) g_spin = std::chrono::microseconds(o->spin_us);
-    g_block = o->wait == "block";
+    g_wait = o->wait == "block" ? WaitPolicy::block : o->wait == "hybrid" ? WaitPolicy::hybrid : WaitPolicy::poll;
     if (!o->loopback && !o->server && o->client.empty())
       throw CLI::ValidationError("perf", "give --loopback, --server or --client ADDR");
     try {

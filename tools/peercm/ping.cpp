@@ -117,7 +117,7 @@ EndpointConfig ping_config() {
   config.caps.max_send_wr = 16;
   config.caps.max_recv_wr = 16;
   config.sig_all = true;
-  config.event_driven = true;  // sleep between completions: ping is not a benchmark
+  config.wait = WaitPolicy::block;  // sleep between completions: ping is not a benchmark
   return config;
 }
 

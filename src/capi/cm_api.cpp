@@ -1,0 +1,531 @@
+// rdma_cm over the C++ CM: event channels, ids, their events, and the calls that move an id
+// through its life. Synchronous ids (no channel) get a private channel and wait on it.
+#include <arpa/inet.h>
+#include <fcntl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <unordered_map>
+
+#include "capi/handles.hpp"
+
+namespace peercm::capi {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Events name C++ ids; this finds their rdma_cm_id.
+struct IdRegistry {
+  std::mutex mutex;
+  std::unordered_map<const CmId*, rdma_cm_id*> ids;
+};
+IdRegistry g_ids;
+
+IdState& st(rdma_cm_id* id) { return *state_of<IdState>(id); }
+
+// rdma_cm over TCP speaks IPv4; an AF_INET6 or AF_IB address is refused, not mistranslated.
+Result<sockaddr_in, std::errc> ipv4(const sockaddr* address) {
+  if (!address) return fail(std::errc::invalid_argument);
+  if (address->sa_family != AF_INET) return fail(std::errc::address_family_not_supported);
+  sockaddr_in in;
+  std::memcpy(&in, address, sizeof in);
+  return in;
+}
+
+rdma_cm_event_type event_type(CmEventType type) {
+  switch (type) {
+    case CmEventType::addr_resolved: return RDMA_CM_EVENT_ADDR_RESOLVED;
+    case CmEventType::addr_error: return RDMA_CM_EVENT_ADDR_ERROR;
+    case CmEventType::route_resolved: return RDMA_CM_EVENT_ROUTE_RESOLVED;
+    case CmEventType::route_error: return RDMA_CM_EVENT_ROUTE_ERROR;
+    case CmEventType::connect_request: return RDMA_CM_EVENT_CONNECT_REQUEST;
+    case CmEventType::connect_response: return RDMA_CM_EVENT_CONNECT_RESPONSE;
+    case CmEventType::established: return RDMA_CM_EVENT_ESTABLISHED;
+    case CmEventType::rejected: return RDMA_CM_EVENT_REJECTED;
+    case CmEventType::unreachable: return RDMA_CM_EVENT_UNREACHABLE;
+    case CmEventType::connect_error: return RDMA_CM_EVENT_CONNECT_ERROR;
+    case CmEventType::disconnected: return RDMA_CM_EVENT_DISCONNECTED;
+    case CmEventType::timewait_exit: return RDMA_CM_EVENT_TIMEWAIT_EXIT;
+  }
+  return RDMA_CM_EVENT_CONNECT_ERROR;
+}
+
+rdma_event_channel* new_channel() {
+  auto channel = EventChannel::create();
+  if (!channel) {
+    errno = errno_of(channel.error());
+    return nullptr;
+  }
+  auto* shell = new EventChannelShell{};
+  shell->state = new EventChannelState{};
+  shell->state->cpp = std::move(*channel);
+  shell->pub.fd = shell->state->cpp->fd();
+  make_blocking(shell->pub.fd);
+  return &shell->pub;
+}
+
+void delete_channel(rdma_event_channel* channel) {
+  delete state_of<EventChannelState>(channel);
+  delete reinterpret_cast<EventChannelShell*>(channel);
+}
+
+// A new rdma_cm_id around `cpp`, reporting to `channel` (or to a private one when null).
+rdma_cm_id* wrap_id(std::unique_ptr<CmId> cpp, ibv_context* context, rdma_event_channel* channel, bool sync,
+                    void* user_context, rdma_port_space ps) {
+  auto* shell = new IdShell{};
+  shell->state = new IdState{};
+  IdState& state = *shell->state;
+  state.cpp = std::move(cpp);
+  state.context = context;
+  state.sync = sync;
+  rdma_cm_id& pub = shell->pub;
+  pub.channel = channel;
+  pub.context = user_context;
+  pub.ps = ps;
+  pub.qp_type = IBV_QPT_RC;
+  {
+    std::lock_guard lock(g_ids.mutex);
+    g_ids.ids[state.cpp.get()] = &pub;
+  }
+  return &pub;
+}
+
+void bind_to_device(rdma_cm_id* id) {
+  id->verbs = st(id).context;
+  id->port_num = 1;
+}
+
+// A CONNECT_REQUEST's new id: it inherits the listener's device, channel (or, for a
+// synchronous listener, becomes synchronous itself) and user context.
+rdma_cm_id* adopt_request(rdma_cm_id* listener, std::unique_ptr<CmId> cpp, const ConnParam& param) {
+  IdState& ls = st(listener);
+  ibv_context* context = acquire_cm_context();  // the listener holds it: the same one
+  rdma_event_channel* channel = listener->channel;
+  if (ls.sync) {
+    channel = new_channel();
+    if (!channel || !cpp->migrate(*state_of<EventChannelState>(channel)->cpp)) {
+      if (channel) delete_channel(channel);
+      release_cm_context();
+      return nullptr;
+    }
+  }
+  rdma_cm_id* child = wrap_id(std::move(cpp), context, channel, ls.sync, listener->context, listener->ps);
+  IdState& cs = st(child);
+  cs.request_responder_resources = std::min(param.responder_resources, kMaxRdAtom);
+  cs.request_initiator_depth = std::min(param.initiator_depth, kMaxRdAtom);
+  cs.peer_to_peer = ls.peer_to_peer;
+  bind_to_device(child);
+  fill_route(child);
+  return child;
+}
+
+// The C event for a C++ one, counted against the id whose queue it came from (the listener
+// for a CONNECT_REQUEST, as librdmacm counts it). Null for an event of an id already gone.
+rdma_cm_event* translate(CmEvent event) {
+  auto* shell = new EventShell{};
+  shell->state = new EventState{};
+  EventState& state = *shell->state;
+  rdma_cm_event& pub = shell->pub;
+  pub.event = event_type(event.type);
+  pub.status = -event.status;  // rdma_cm reports iWARP errors as negative errno values
+  const std::size_t length = std::min<std::size_t>(event.param.private_data.size(), UINT8_MAX);
+  state.private_data.assign(event.param.private_data.begin(), event.param.private_data.begin() + static_cast<std::ptrdiff_t>(length));
+  pub.param.conn.private_data = length ? state.private_data.data() : nullptr;
+  pub.param.conn.private_data_len = static_cast<std::uint8_t>(length);
+  pub.param.conn.responder_resources = event.param.responder_resources;
+  pub.param.conn.initiator_depth = event.param.initiator_depth;
+  pub.param.conn.qp_num = event.param.qp_num;
+
+  rdma_cm_id* counted = nullptr;
+  if (event.type == CmEventType::connect_request) {
+    rdma_cm_id* listener = id_of(event.listen_id);
+    if (listener && event.new_id) {
+      pub.listen_id = listener;
+      pub.id = adopt_request(listener, std::move(event.new_id), event.param);
+      if (pub.id) counted = listener;
+    }
+  } else {
+    pub.id = id_of(event.id);
+    if (pub.id) {
+      fill_route(pub.id);
+      counted = pub.id;
+    }
+  }
+  {
+    // Counted under the registry lock: rdma_destroy_id() unregisters first, then waits.
+    std::lock_guard lock(g_ids.mutex);
+    if (counted && g_ids.ids.contains(st(counted).cpp.get())) {
+      std::lock_guard id_lock(st(counted).mutex);
+      ++st(counted).events_out;
+    } else {
+      counted = nullptr;
+    }
+  }
+  if (!counted) {
+    delete shell->state;
+    delete shell;
+    return nullptr;
+  }
+  state.counted = counted;
+  return &pub;
+}
+
+// rdma_cm's effective model for an id: what the application chose, else the peer-to-peer
+// model on a node that listens (docs/c-api.md: a node that does not listen can never meet a
+// colliding request, so its connects stay plain client/server).
+bool effective_peer_to_peer(rdma_cm_id* id) {
+  const IdState& state = st(id);
+  if (state.peer_to_peer >= 0) return state.peer_to_peer == 1;
+  return state_of<ContextState>(state.context)->listeners.load() > 0;
+}
+
+Result<ConnParam, std::errc> to_conn_param(rdma_cm_id* id, const rdma_conn_param* in, std::uint8_t default_ird,
+                                        std::uint8_t default_ord) {
+  ConnParam out;
+  out.responder_resources = default_ird;
+  out.initiator_depth = default_ord;
+  if (!in) return out;
+  if (in->private_data_len && !in->private_data) return fail(std::errc::invalid_argument);
+  if ((in->responder_resources > kMaxRdAtom && in->responder_resources != RDMA_MAX_RESP_RES) ||
+      (in->initiator_depth > kMaxRdAtom && in->initiator_depth != RDMA_MAX_INIT_DEPTH))
+    return fail(std::errc::invalid_argument);
+  const auto* bytes = static_cast<const std::uint8_t*>(in->private_data);
+  out.private_data.assign(bytes, bytes + in->private_data_len);
+  out.responder_resources = std::min(in->responder_resources, kMaxRdAtom);
+  out.initiator_depth = std::min(in->initiator_depth, kMaxRdAtom);
+  if (!id->qp) out.qp_num = in->qp_num;
+  return out;
+}
+
+int finish(rdma_cm_id* id, Status<std::errc> started) {
+  if (!started) return fail_errno(started.error());
+  return st(id).sync ? sync_complete(id) : 0;
+}
+
+}  // namespace
+
+rdma_cm_id* id_of(CmId* cpp) {
+  std::lock_guard lock(g_ids.mutex);
+  auto it = g_ids.ids.find(cpp);
+  return it == g_ids.ids.end() ? nullptr : it->second;
+}
+
+void fill_route(rdma_cm_id* id) {
+  const sockaddr_in local = st(id).cpp->local_address();
+  if (local.sin_family == AF_INET) std::memcpy(&id->route.addr.src_sin, &local, sizeof local);
+  const sockaddr_in peer = st(id).cpp->peer_address();
+  if (peer.sin_family == AF_INET) std::memcpy(&id->route.addr.dst_sin, &peer, sizeof peer);
+}
+
+int sync_complete(rdma_cm_id* id) {
+  if (id->event) {
+    rdma_ack_cm_event(id->event);
+    id->event = nullptr;
+  }
+  rdma_cm_event* event = nullptr;
+  if (rdma_get_cm_event(id->channel, &event) != 0) return -1;
+  id->event = event;
+  if (event->status == 0) return 0;
+  return fail_errno(event->event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED : -event->status);
+}
+
+}  // namespace peercm::capi
+
+using namespace peercm;
+using namespace peercm::capi;
+
+// --- event channels ---
+
+rdma_event_channel* rdma_create_event_channel() { return new_channel(); }
+
+void rdma_destroy_event_channel(rdma_event_channel* channel) {
+  if (channel) delete_channel(channel);
+}
+
+int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
+  if (!channel || !event) return fail_errno(EINVAL);
+  EventChannel& cpp = *state_of<EventChannelState>(channel)->cpp;
+  const milliseconds wait = nonblocking(channel->fd) ? milliseconds(0) : milliseconds(-1);
+  for (;;) {
+    auto got = cpp.get_event(wait);
+    if (!got) return fail_errno(got.error() == std::errc::timed_out ? EAGAIN : errno_of(got.error()));
+    if (rdma_cm_event* translated = translate(std::move(*got))) {
+      *event = translated;
+      return 0;
+    }
+  }
+}
+
+int rdma_ack_cm_event(rdma_cm_event* event) {
+  if (!event) return fail_errno(EINVAL);
+  EventState* state = state_of<EventState>(event);
+  IdState& counted = st(state->counted);
+  {
+    std::lock_guard lock(counted.mutex);
+    --counted.events_out;
+  }
+  counted.events_done.notify_all();
+  delete state;
+  delete reinterpret_cast<EventShell*>(event);
+  return 0;
+}
+
+const char* rdma_event_str(rdma_cm_event_type event) {
+  switch (event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
+    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
+    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
+    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
+    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
+    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
+    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
+    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
+    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
+    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+  }
+  return "UNKNOWN EVENT";
+}
+
+// --- devices as rdma_cm sees them ---
+
+ibv_context** rdma_get_devices(int* num_devices) {
+  auto** list = static_cast<ibv_context**>(std::calloc(2, sizeof(ibv_context*)));
+  if (!list) return nullptr;
+  list[0] = acquire_cm_context();
+  if (!list[0]) {
+    std::free(list);
+    return nullptr;
+  }
+  if (num_devices) *num_devices = 1;
+  return list;
+}
+
+void rdma_free_devices(ibv_context** list) {
+  if (!list) return;
+  if (list[0]) release_cm_context();
+  std::free(list);
+}
+
+// --- ids ---
+
+int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
+  if (!id) return fail_errno(EINVAL);
+  if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB) return fail_errno(EPROTONOSUPPORT);  // connected (RC) only
+  ibv_context* device = acquire_cm_context();
+  if (!device) return -1;
+  const bool sync = channel == nullptr;
+  rdma_event_channel* reports_to = sync ? new_channel() : channel;
+  if (!reports_to) {
+    release_cm_context();
+    return -1;
+  }
+  auto cpp = CmId::create(cpp_context(device), *state_of<EventChannelState>(reports_to)->cpp);
+  if (!cpp) {
+    if (sync) delete_channel(reports_to);
+    release_cm_context();
+    return fail_errno(cpp.error());
+  }
+  *id = wrap_id(std::move(*cpp), device, reports_to, sync, context, ps);
+  return 0;
+}
+
+int rdma_destroy_id(rdma_cm_id* id) {
+  if (!id) return fail_errno(EINVAL);
+  IdState* state = state_of<IdState>(id);
+  if (id->event) {
+    rdma_ack_cm_event(id->event);
+    id->event = nullptr;
+  }
+  {
+    std::lock_guard lock(g_ids.mutex);
+    g_ids.ids.erase(state->cpp.get());
+  }
+  {
+    // rdma_cm: events the application holds for this id must be acked before it goes.
+    std::unique_lock lock(state->mutex);
+    state->events_done.wait(lock, [state] { return state->events_out == 0; });
+  }
+  if (state->listening) state_of<ContextState>(state->context)->listeners.fetch_sub(1);
+  // A QP still attached stays the application's; the id's end moves it to ERROR if it ran.
+  if (id->qp) state_of<QpHandleState>(id->qp)->id = nullptr;
+  state->cpp.reset();
+  if (state->sync) delete_channel(id->channel);
+  delete state;
+  delete reinterpret_cast<IdShell*>(id);
+  release_cm_context();
+  return 0;
+}
+
+int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
+  if (!id) return fail_errno(EINVAL);
+  IdState& state = st(id);
+  if (state.sync && !channel) return fail_errno(EINVAL);
+  rdma_event_channel* target = channel ? channel : new_channel();
+  if (!target) return -1;
+  if (id->event) {
+    rdma_ack_cm_event(id->event);
+    id->event = nullptr;
+  }
+  {
+    // Events already handed out must not be processed on the old channel after this returns.
+    std::unique_lock lock(state.mutex);
+    state.events_done.wait(lock, [&state] { return state.events_out == 0; });
+  }
+  if (auto moved = state.cpp->migrate(*state_of<EventChannelState>(target)->cpp); !moved) {
+    if (!channel) delete_channel(target);
+    return fail_errno(moved.error());
+  }
+  rdma_event_channel* old = id->channel;
+  const bool old_private = state.sync;
+  id->channel = target;
+  state.sync = channel == nullptr;
+  if (old_private) delete_channel(old);
+  return 0;
+}
+
+int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
+  if (!id) return fail_errno(EINVAL);
+  auto address = ipv4(addr);
+  if (!address) return fail_errno(address.error());
+  if (auto bound = st(id).cpp->bind(*address); !bound) return fail_errno(bound.error());
+  std::memcpy(&id->route.addr.src_sin, &*address, sizeof *address);
+  bind_to_device(id);
+  return 0;
+}
+
+int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, int timeout_ms) {
+  if (!id) return fail_errno(EINVAL);
+  auto destination = ipv4(dst_addr);
+  if (!destination) return fail_errno(destination.error());
+  IdState& state = st(id);
+  const bool bound = state.cpp->local_address().sin_family == AF_INET;
+  if (src_addr && src_addr->sa_family != AF_UNSPEC && !bound) {
+    if (rdma_bind_addr(id, src_addr) != 0) return -1;
+  }
+  std::memcpy(&id->route.addr.dst_sin, &*destination, sizeof *destination);
+  auto started = state.cpp->resolve_addr(*destination, milliseconds(std::max(timeout_ms, 0)));
+  if (started) bind_to_device(id);
+  return finish(id, started);
+}
+
+int rdma_resolve_route(rdma_cm_id* id, int timeout_ms) {
+  if (!id) return fail_errno(EINVAL);
+  return finish(id, st(id).cpp->resolve_route(milliseconds(std::max(timeout_ms, 0))));
+}
+
+int rdma_listen(rdma_cm_id* id, int backlog) {
+  if (!id) return fail_errno(EINVAL);
+  IdState& state = st(id);
+  if (auto set = state.cpp->set_option(CmOption::peer_to_peer, state.peer_to_peer == 0 ? 0 : 1); !set)
+    return fail_errno(set.error());
+  if (auto listening = state.cpp->listen(backlog); !listening) return fail_errno(listening.error());
+  state.listening = true;
+  state_of<ContextState>(state.context)->listeners.fetch_add(1);
+  bind_to_device(id);
+  fill_route(id);
+  return 0;
+}
+
+int rdma_connect(rdma_cm_id* id, rdma_conn_param* conn_param) {
+  if (!id) return fail_errno(EINVAL);
+  IdState& state = st(id);
+  auto param = to_conn_param(id, conn_param, kMaxRdAtom, kMaxRdAtom);
+  if (!param) return fail_errno(param.error());
+  if (auto set = state.cpp->set_option(CmOption::peer_to_peer, effective_peer_to_peer(id) ? 1 : 0); !set)
+    return fail_errno(set.error());
+  return finish(id, state.cpp->connect(*param));
+}
+
+int rdma_accept(rdma_cm_id* id, rdma_conn_param* conn_param) {
+  if (!id) return fail_errno(EINVAL);
+  IdState& state = st(id);
+  // Without parameters the answer matches what the request asked for.
+  auto param = to_conn_param(id, conn_param, state.request_responder_resources, state.request_initiator_depth);
+  if (!param) return fail_errno(param.error());
+  return finish(id, state.cpp->accept(*param));
+}
+
+int rdma_reject(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  if (!id || (private_data_len && !private_data)) return fail_errno(EINVAL);
+  const std::span bytes(static_cast<const std::uint8_t*>(private_data), private_data_len);
+  auto rejected = st(id).cpp->reject(bytes);
+  return rejected ? 0 : fail_errno(rejected.error());
+}
+
+int rdma_reject_ece(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  return rdma_reject(id, private_data, private_data_len);
+}
+
+int rdma_establish(rdma_cm_id* id) {
+  if (!id || id->qp) return fail_errno(EINVAL);  // rdma_cm: only for an id without a QP
+  auto established = st(id).cpp->establish();
+  return established ? 0 : fail_errno(established.error());
+}
+
+int rdma_disconnect(rdma_cm_id* id) {
+  if (!id) return fail_errno(EINVAL);
+  auto done = st(id).cpp->disconnect();
+  if (!done) return fail_errno(done.error() == std::errc::not_connected ? EINVAL : errno_of(done.error()));
+  return st(id).sync ? sync_complete(id) : 0;
+}
+
+int rdma_notify(rdma_cm_id* id, ibv_event_type) { return id ? 0 : fail_errno(EINVAL); }
+
+// --- options ---
+
+int rdma_set_option(rdma_cm_id* id, int level, int optname, void* optval, size_t optlen) {
+  if (!id || (!optval && optlen)) return fail_errno(EINVAL);
+  IdState& state = st(id);
+  if (level == RDMA_OPTION_ID) {
+    switch (optname) {
+      // Accepted with rdma_cm's sizes; they change nothing for MPA over TCP (the listening
+      // socket always reuses its address, the stack speaks IPv4 only).
+      case RDMA_OPTION_ID_TOS:
+      case RDMA_OPTION_ID_ACK_TIMEOUT:
+        return optlen == sizeof(std::uint8_t) ? 0 : fail_errno(EINVAL);
+      case RDMA_OPTION_ID_REUSEADDR:
+      case RDMA_OPTION_ID_AFONLY:
+        return optlen == sizeof(int) ? 0 : fail_errno(EINVAL);
+      case RDMA_OPTION_ID_PEER_TO_PEER: {
+        if (optlen != sizeof(int)) return fail_errno(EINVAL);
+        int on;
+        std::memcpy(&on, optval, sizeof on);
+        if (on != 0 && on != 1) return fail_errno(EINVAL);
+        if (auto set = state.cpp->set_option(CmOption::peer_to_peer, on); !set) return fail_errno(set.error());
+        state.peer_to_peer = on;
+        return 0;
+      }
+      case RDMA_OPTION_ID_P2P_TAG: {
+        if (optlen != sizeof(std::uint32_t)) return fail_errno(EINVAL);
+        std::uint32_t tag;
+        std::memcpy(&tag, optval, sizeof tag);
+        auto set = state.cpp->set_option(CmOption::p2p_tag, tag);
+        return set ? 0 : fail_errno(set.error());
+      }
+      default:
+        return fail_errno(ENOSYS);
+    }
+  }
+  // RDMA_OPTION_IB carries IB path records: there are none over TCP.
+  return fail_errno(ENOSYS);
+}
+
+__be16 rdma_get_src_port(rdma_cm_id* id) { return id ? id->route.addr.src_sin.sin_port : 0; }
+__be16 rdma_get_dst_port(rdma_cm_id* id) { return id ? id->route.addr.dst_sin.sin_port : 0; }
+
+// --- not offered: multicast (an iWARP device has none) and IB's ECE ---
+
+int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return fail_errno(ENOSYS); }
+int rdma_leave_multicast(rdma_cm_id*, sockaddr*) { return fail_errno(ENOSYS); }
+int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) { return fail_errno(ENOSYS); }
+int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return fail_errno(EOPNOTSUPP); }
+int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return fail_errno(EOPNOTSUPP); }

@@ -1,0 +1,177 @@
+// The handle structs behind the C API. Each C struct (ibv_qp, rdma_cm_id, ...) is the first
+// member of a standard-layout shell whose second member points at the C++ state, so a C
+// pointer converts back to its shell without any lookup. The states own the C++ objects and
+// count who depends on them, because verbs lets the application destroy things in any order
+// and answers EBUSY (or waits for acks) where rdma-core does.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <type_traits>
+#include <vector>
+
+#include "peercm/cm.hpp"
+#include "peercm/verbs.hpp"
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wold-style-cast"
+#pragma GCC diagnostic ignored "-Wsign-conversion"
+#pragma GCC diagnostic ignored "-Wconversion"
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#pragma GCC diagnostic pop
+
+namespace peercm::capi {
+
+template <class C, class S>
+struct Shell {
+  C pub;
+  S* state;
+};
+
+template <class S, class C>
+S* state_of(C* pub) {
+  static_assert(std::is_standard_layout_v<Shell<C, S>>);
+  return reinterpret_cast<Shell<C, S>*>(pub)->state;
+}
+
+// verbs convention: 0 or a positive errno value.
+inline int errno_of(std::errc error) { return static_cast<int>(error); }
+// rdma_cm convention: 0, or -1 with errno set.
+inline int fail_errno(int error) {
+  errno = error;
+  return -1;
+}
+inline int fail_errno(std::errc error) { return fail_errno(errno_of(error)); }
+
+// rdma-core's channel fds start blocking, and an application that wants ibv_get_cq_event() or
+// rdma_get_cm_event() not to block sets O_NONBLOCK on them: the flag is how it says so.
+void make_blocking(int fd);
+bool nonblocking(int fd);
+
+// What the device reports, and the bounds create calls are checked against.
+inline constexpr int kMaxQpWr = 16384;
+inline constexpr int kMaxSge = 16;
+inline constexpr std::uint32_t kMaxInline = 4096;
+inline constexpr std::uint32_t kDefaultInline = 256;
+inline constexpr int kMaxCqe = 1 << 22;
+inline constexpr std::uint8_t kMaxRdAtom = 16;  // IRD and ORD
+inline constexpr int kMaxSrq = 1 << 16;
+inline constexpr int kMaxSrqWr = kMaxQpWr;
+
+struct PdState;
+
+// An opened device (ibv_context). `refs` counts the opener and every object made on it.
+struct ContextState {
+  std::unique_ptr<Context> cpp;
+  std::atomic<int> refs{1};
+  std::atomic<int> listeners{0};  // listening rdma_cm ids: the node accepts p2p connections
+  ibv_pd* default_pd = nullptr;   // rdma_cm's per-device PD (ids given no PD); guarded by the CM lock
+};
+using ContextShell = Shell<ibv_context, ContextState>;
+
+ibv_context* open_context();
+void retain(ibv_context* context);
+void release(ibv_context* context);
+Context& cpp_context(ibv_context* context);
+
+// The device context rdma_cm ids share; opened with the first id, closed after the last.
+ibv_context* acquire_cm_context();
+void release_cm_context();
+ibv_pd* cm_default_pd(ibv_context* context);
+
+struct PdState {
+  std::unique_ptr<ProtectionDomain> cpp;
+  std::atomic<int> users{0};  // MRs and QPs
+  bool orphaned = false;      // a default PD whose device let go of it: freed by its last user
+};
+using PdShell = Shell<ibv_pd, PdState>;
+void release_pd_user(ibv_pd* pd);
+
+struct MrState {
+  std::unique_ptr<MemoryRegion> cpp;
+};
+using MrShell = Shell<ibv_mr, MrState>;
+
+struct CompChannelState {
+  std::unique_ptr<CompletionChannel> cpp;
+};
+using CompChannelShell = Shell<ibv_comp_channel, CompChannelState>;
+
+struct CqState {
+  std::unique_ptr<CompletionQueue> cpp;
+  std::atomic<int> qps{0};
+  std::mutex mutex;  // events_reported / events_acked
+  std::condition_variable acked;
+  std::uint64_t events_reported = 0;
+  std::uint64_t events_acked = 0;
+};
+using CqShell = Shell<ibv_cq, CqState>;
+
+// A shared receive queue. The QPs made with it are counted by the C++ SRQ itself
+// (ibv_destroy_srq's EBUSY).
+struct SrqState {
+  std::unique_ptr<SharedReceiveQueue> cpp;
+};
+using SrqShell = Shell<ibv_srq, SrqState>;
+
+struct IdState;
+
+struct QpHandleState {
+  std::unique_ptr<QueuePair> cpp;
+  rdma_cm_id* id = nullptr;  // the rdma_cm id it is attached to (rdma_create_qp)
+  ibv_qp_state recorded = IBV_QPS_RESET;  // modify_qp's target before the connection runs it
+  ibv_qp_cap caps{};
+  int sq_sig_all = 0;
+};
+using QpShell = Shell<ibv_qp, QpHandleState>;
+
+struct EventChannelState {
+  std::unique_ptr<EventChannel> cpp;
+};
+using EventChannelShell = Shell<rdma_event_channel, EventChannelState>;
+
+struct IdState {
+  std::unique_ptr<CmId> cpp;
+  ibv_context* context = nullptr;  // the CM device context (exposed as verbs once bound)
+  bool sync = false;               // made with no channel: owns its private channel
+  int peer_to_peer = -1;           // RDMA_OPTION_ID_PEER_TO_PEER: -1 unset, 0, 1
+  bool listening = false;
+  // Events handed to the application and not acked yet (rdma_destroy_id waits for them).
+  std::mutex mutex;
+  std::condition_variable events_done;
+  int events_out = 0;
+  // CONNECT_REQUEST resources as the peer sees them: rdma_accept(NULL) answers with them.
+  std::uint8_t request_responder_resources = kMaxRdAtom;
+  std::uint8_t request_initiator_depth = kMaxRdAtom;
+  // rdma_create_ep on a passive id: the QP every rdma_get_request() child gets.
+  std::unique_ptr<ibv_qp_init_attr> child_qp_attr;
+  ibv_pd* child_pd = nullptr;
+};
+using IdShell = Shell<rdma_cm_id, IdState>;
+
+// An event handed to the application: the C struct and the bytes it points at.
+struct EventState {
+  std::vector<std::uint8_t> private_data;
+  rdma_cm_id* counted = nullptr;  // whose events_out this event is counted in
+};
+using EventShell = Shell<rdma_cm_event, EventState>;
+
+// cm_api.cpp, for the synchronous calls and rdma_create_qp.
+rdma_cm_id* id_of(CmId* cpp);
+// A synchronous id's wait for the next event of its own channel (librdmacm's "complete").
+int sync_complete(rdma_cm_id* id);
+void fill_route(rdma_cm_id* id);
+
+// verbs_api.cpp, for rdma_create_qp and rdma_destroy_id.
+void detach_from_id(ibv_qp* qp);
+
+}  // namespace peercm::capi

@@ -1,0 +1,160 @@
+/* Helpers of the C API tests: checks that end the process with a message, event and
+ * completion waits with a deadline, and a fork()ed peer process that tells its port. */
+#ifndef PEERCM_CAPI_TEST_H
+#define PEERCM_CAPI_TEST_H
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+
+#define CHECK(cond)                                                                             \
+	do {                                                                                    \
+		if (!(cond)) {                                                                  \
+			fprintf(stderr, "%s:%d: check failed: %s (errno %d: %s)\n", __FILE__, \
+				__LINE__, #cond, errno, strerror(errno));                       \
+			exit(1);                                                                \
+		}                                                                               \
+	} while (0)
+
+#define CHECK_EQ(a, b)                                                                          \
+	do {                                                                                    \
+		long long a_ = (long long)(a), b_ = (long long)(b);                             \
+		if (a_ != b_) {                                                                 \
+			fprintf(stderr, "%s:%d: %s == %lld, expected %s == %lld\n", __FILE__,   \
+				__LINE__, #a, a_, #b, b_);                                      \
+			exit(1);                                                                \
+		}                                                                               \
+	} while (0)
+
+enum { TEST_TIMEOUT_MS = 10000 };
+
+/* The next CM event of `channel`, which must be `type` and come within the timeout. */
+static inline struct rdma_cm_event *expect_event(struct rdma_event_channel *channel, enum rdma_cm_event_type type)
+{
+	struct pollfd pfd = { .fd = channel->fd, .events = POLLIN };
+	struct rdma_cm_event *event;
+
+	if (poll(&pfd, 1, TEST_TIMEOUT_MS) != 1) {
+		fprintf(stderr, "no CM event within %d ms, wanted %s\n", TEST_TIMEOUT_MS, rdma_event_str(type));
+		exit(1);
+	}
+	CHECK(rdma_get_cm_event(channel, &event) == 0);
+	if (event->event != type) {
+		fprintf(stderr, "got %s (status %d), wanted %s\n", rdma_event_str(event->event), event->status,
+			rdma_event_str(type));
+		exit(1);
+	}
+	return event;
+}
+
+/* One completion from `cq`, sleeping on its completion channel between polls. */
+static inline struct ibv_wc wait_wc(struct ibv_cq *cq, struct ibv_comp_channel *channel)
+{
+	struct ibv_wc wc;
+	struct ibv_cq *event_cq;
+	void *event_context;
+	struct pollfd pfd = { .fd = channel->fd, .events = POLLIN };
+
+	for (;;) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0);
+		if (n == 1)
+			return wc;
+		CHECK(ibv_req_notify_cq(cq, 0) == 0);
+		n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0);
+		if (n == 1)
+			return wc;
+		if (poll(&pfd, 1, TEST_TIMEOUT_MS) != 1) {
+			fprintf(stderr, "no completion within %d ms\n", TEST_TIMEOUT_MS);
+			exit(1);
+		}
+		CHECK(ibv_get_cq_event(channel, &event_cq, &event_context) == 0);
+		CHECK(event_cq == cq);
+		CHECK(event_context == cq->cq_context);
+		ibv_ack_cq_events(cq, 1);
+	}
+}
+
+static inline struct sockaddr_in loopback(uint16_t port)
+{
+	struct sockaddr_in a;
+
+	memset(&a, 0, sizeof a);
+	a.sin_family = AF_INET;
+	a.sin_port = htons(port);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	return a;
+}
+
+static inline uint8_t pattern(uint32_t seed, size_t i)
+{
+	uint32_t x = (uint32_t)i * 2654435761u + seed * 40503u;
+
+	x ^= x >> 13;
+	return (uint8_t)(x ^ (x >> 7));
+}
+
+static inline void fill_pattern(uint8_t *buf, size_t len, uint32_t seed)
+{
+	for (size_t i = 0; i < len; i++)
+		buf[i] = pattern(seed, i);
+}
+
+static inline int check_pattern(const uint8_t *buf, size_t len, uint32_t seed)
+{
+	for (size_t i = 0; i < len; i++)
+		if (buf[i] != pattern(seed, i))
+			return 0;
+	return 1;
+}
+
+/* A peer process: runs `body(port_pipe_write_end)`, which writes its listening port (uint16_t)
+ * to the fd once it listens. Returns the child's pid; *port gets the port. */
+static inline pid_t spawn_peer(int (*body)(int port_fd), uint16_t *port)
+{
+	int fds[2];
+	pid_t pid;
+
+	CHECK(pipe(fds) == 0);
+	fflush(NULL);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		close(fds[0]);
+		exit(body(fds[1]));
+	}
+	close(fds[1]);
+	CHECK(read(fds[0], port, sizeof *port) == (ssize_t)sizeof *port);
+	close(fds[0]);
+	return pid;
+}
+
+static inline void tell_port(int port_fd, struct rdma_cm_id *listener)
+{
+	uint16_t port = ntohs(rdma_get_src_port(listener));
+
+	CHECK(port != 0);
+	CHECK(write(port_fd, &port, sizeof port) == (ssize_t)sizeof port);
+	close(port_fd);
+}
+
+/* The peer process's exit status: 0 when it passed. */
+static inline int join_peer(pid_t pid)
+{
+	int status = 0;
+
+	CHECK(waitpid(pid, &status, 0) == pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+#endif /* PEERCM_CAPI_TEST_H */

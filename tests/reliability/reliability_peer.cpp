@@ -1,0 +1,265 @@
+// reliability_peer: the victim or hostile peer of the reliability tests, run in its own
+// process so that the test can SIGKILL it at a chosen moment. It reports each step as one
+// line on stdout and, once it has nothing more to do, blocks reading stdin (the test kills
+// it there; if the test dies instead, stdin reaches EOF and the helper exits).
+//
+//   half-request <port>                   raw TCP: the first 10 bytes of an MPA Request
+//   mpa-initiator <port>                  peercm client whose Request the test holds
+//   mpa-responder                         peercm server that never answers a Request
+//   rdma-server <write|read> <bytes> <n>  peercm server exposing <bytes>; stops driving
+//                                         progress once <n> bytes were placed (write) or
+//                                         <n> FPDUs sent (read)
+//   p2p-collide <port> <guid> <tag>       raw p2p node: takes the test's attempt, sends a
+//                                         colliding Request, reports the answer
+//   flood <port> <total> <window> <rate>  <total> TCP connects at <rate>/s, the last
+//                                         <window> held open and silent
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/queue_pair_impl.hpp"
+#include "peercm/cm.hpp"
+#include "peercm/verbs.hpp"
+#include "raw_peer.hpp"
+#include "wire/cm_header.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using namespace peercm;
+using peercm::test::RawListener;
+using peercm::test::RawSocket;
+
+void say(const std::string& line) {
+  const std::string out = line + "\n";
+  [[maybe_unused]] const ssize_t n = ::write(1, out.data(), out.size());
+}
+
+[[noreturn]] void die(const std::string& why) {
+  say("error " + why);
+  ::_exit(2);
+}
+
+// Waits to be killed. _exit: the test owns this process's fate, not its destructors.
+[[noreturn]] void block() {
+  char c;
+  while (::read(0, &c, 1) > 0) {
+  }
+  ::_exit(0);
+}
+
+sockaddr_in loopback(std::uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+std::uint16_t port_arg(const char* s) { return static_cast<std::uint16_t>(std::strtoul(s, nullptr, 10)); }
+
+CmEvent next_event(EventChannel& channel, CmEventType type) {
+  auto event = channel.get_event(10s);
+  if (!event) die("no event");
+  if (event->type != type) die(std::string("event ") + std::string(to_string(event->type)));
+  return std::move(*event);
+}
+
+QpInitAttr qp_attr(CompletionQueue& cq) {
+  QpInitAttr attr;
+  attr.send_cq = &cq;
+  attr.recv_cq = &cq;
+  return attr;
+}
+
+int half_request(std::uint16_t port) {
+  auto socket = RawSocket::connect_to(port);
+  if (socket.fd() < 0) die("connect");
+  const auto request = test::mpa_request_bytes(true);
+  if (!socket.send_all(std::span(request).first(10))) die("send");
+  say("sent");
+  block();
+}
+
+int mpa_initiator(std::uint16_t port) {
+  auto context = std::move(Context::open().value());
+  auto channel = std::move(EventChannel::create().value());
+  auto pd = std::move(ProtectionDomain::allocate(*context).value());
+  auto cq = std::move(CompletionQueue::create(*context, 64).value());
+  auto id = std::move(CmId::create(*context, *channel).value());
+  (void)id->set_option(CmOption::peer_to_peer, 0);
+  (void)id->resolve_addr(loopback(port));
+  next_event(*channel, CmEventType::addr_resolved);
+  (void)id->resolve_route();
+  next_event(*channel, CmEventType::route_resolved);
+  (void)id->create_qp(*pd, qp_attr(*cq));
+  if (!id->connect({})) die("connect");
+  say("connecting");
+  block();
+}
+
+int mpa_responder() {
+  auto context = std::move(Context::open().value());
+  auto channel = std::move(EventChannel::create().value());
+  auto listener = std::move(CmId::create(*context, *channel).value());
+  if (!listener->bind(loopback(0)) || !listener->listen(4)) die("listen");
+  say("port " + std::to_string(ntohs(listener->local_address().sin_port)));
+  auto request = next_event(*channel, CmEventType::connect_request);
+  say("request");
+  block();
+}
+
+int rdma_server(const std::string& mode, std::size_t bytes, std::uint64_t threshold) {
+  // Inline progress: the connection moves only while this thread drives it, so "stop here"
+  // is exact and the test's kill lands mid-transfer.
+  auto context = std::move(Context::open(ContextOptions{.progress = ProgressMode::inline_}).value());
+  auto channel = std::move(EventChannel::create().value());
+  auto pd = std::move(ProtectionDomain::allocate(*context).value());
+  auto cq = std::move(CompletionQueue::create(*context, 64).value());
+  auto listener = std::move(CmId::create(*context, *channel).value());
+  if (!listener->bind(loopback(0)) || !listener->listen(4)) die("listen");
+  say("port " + std::to_string(ntohs(listener->local_address().sin_port)));
+  auto request = next_event(*channel, CmEventType::connect_request);
+  auto id = std::move(request.new_id);
+  QueuePair* qp = id->create_qp(*pd, qp_attr(*cq)).value();
+  std::vector<std::uint8_t> buffer(bytes, 0);
+  const bool read_mode = mode == "read";
+  if (read_mode) {
+    for (std::size_t i = 0; i < bytes; ++i) buffer[i] = static_cast<std::uint8_t>(i * 7 + 1);
+  }
+  auto mr = std::move(MemoryRegion::register_memory(*pd, buffer.data(), buffer.size(),
+                                                    kAccessLocalWrite | kAccessRemoteWrite | kAccessRemoteRead)
+                          .value());
+  ConnParam param;
+  const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(buffer.data());
+  const std::uint32_t rkey = mr->rkey();
+  const std::uint64_t length = bytes;
+  param.private_data.resize(20);
+  std::memcpy(param.private_data.data(), &addr, 8);
+  std::memcpy(param.private_data.data() + 8, &rkey, 4);
+  std::memcpy(param.private_data.data() + 12, &length, 8);
+  if (!id->accept(param)) die("accept");
+  next_event(*channel, CmEventType::established);
+  say("established");
+  const auto& stats = qp->impl().engine.stats();
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while ((read_mode ? stats.fpdus_sent : stats.bytes_placed) < threshold) {
+    if (std::chrono::steady_clock::now() > deadline) die("no traffic");
+    context->progress(1ms);
+  }
+  say("midway " + std::to_string(read_mode ? stats.fpdus_sent : stats.bytes_placed));
+  block();
+}
+
+int p2p_collide(std::uint16_t peer_port, std::uint64_t guid, std::uint32_t tag) {
+  RawListener listener;
+  say("port " + std::to_string(listener.port()));
+  auto attempt = listener.accept_one(10s);
+  if (attempt.fd() < 0) die("accept");
+  if (test::read_mpa_frame(attempt, 10s).empty()) die("attempt request");
+  say("got-request");
+  std::array<std::uint8_t, wire::kCmHeaderSize> header{};
+  const wire::CmHeader cm{.node_guid = guid,
+                          .incarnation = std::random_device{}(),
+                          .listen_port = listener.port(),
+                          .tag = tag,
+                          .cmid = 1};
+  if (!wire::encode_cm_header(cm, header)) die("cm header");
+  const auto request = test::mpa_bytes(wire::MpaFrame{
+      .kind = wire::MpaFrameKind::request,
+      .crc = true,
+      .revision = 2,
+      .enhanced = wire::IrdOrdBlock{.peer_to_peer = true, .send_rtr = true, .write_rtr = true, .read_rtr = true, .ird = 16, .ord = 16},
+      .private_data = header});
+  auto colliding = RawSocket::connect_to(peer_port);
+  if (colliding.fd() < 0 || !colliding.send_all(request)) die("collide");
+  say("sent-request");
+  const auto answer = test::read_mpa_frame(colliding, 3s);
+  if (answer.empty()) {
+    say("answer none");
+  } else {
+    say((answer[16] & 0x20) ? "answer reject" : "answer accept");  // R bit
+  }
+  block();
+}
+
+// <total> connects, one every 1/<rate> s, the last <window> of them held open and silent.
+// Reports how many reached the listener: when the kernel's accept queue is full it drops the
+// SYN, and a socket still in SYN_SENT when its turn to close comes is not counted.
+int flood(std::uint16_t port, std::size_t total, std::size_t window, std::size_t rate) {
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  if (limit.rlim_cur < window + 64) {
+    limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, window + 64);
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+  const sockaddr_in target = loopback(port);
+  std::deque<int> open;
+  std::size_t connected = 0;
+  auto retire = [&] {
+    const int fd = open.front();
+    open.pop_front();
+    int error = 0;
+    socklen_t len = sizeof error;
+    sockaddr_in peer{};
+    socklen_t peer_len = sizeof peer;
+    // Connected, or reset by the listener after it took it (ECONNRESET, or EPIPE after its FIN).
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 &&
+        (error != 0 || ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0))
+      ++connected;
+    // Three in four end with an RST: the listener meets both ends, and TIME_WAIT stays small.
+    if (connected % 4 != 0) {
+      linger hard{1, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+    }
+    ::close(fd);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  const auto interval = std::chrono::nanoseconds(1'000'000'000 / std::max<std::size_t>(rate, 1));
+  for (std::size_t i = 0; i < total; ++i) {
+    std::this_thread::sleep_until(start + interval * static_cast<std::int64_t>(i));
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) die("socket " + std::string(std::strerror(errno)));
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&target), sizeof target) != 0 && errno != EINPROGRESS) {
+      ::close(fd);
+      continue;
+    }
+    open.push_back(fd);
+    if (i + 1 == window) say("started");
+    if (open.size() > window) retire();
+  }
+  while (!open.empty()) retire();
+  say("done " + std::to_string(connected) + " " + std::to_string(total));
+  block();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 2 && args[0] == "half-request") return half_request(port_arg(argv[2]));
+  if (args.size() == 2 && args[0] == "mpa-initiator") return mpa_initiator(port_arg(argv[2]));
+  if (args.size() == 1 && args[0] == "mpa-responder") return mpa_responder();
+  if (args.size() == 4 && args[0] == "rdma-server")
+    return rdma_server(args[1], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
+  if (args.size() == 4 && args[0] == "p2p-collide")
+    return p2p_collide(port_arg(argv[2]), std::strtoull(argv[3], nullptr, 0),
+                       static_cast<std::uint32_t>(std::strtoul(argv[4], nullptr, 10)));
+  if (args.size() == 5 && args[0] == "flood")
+    return flood(port_arg(argv[2]), std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10),
+                 std::strtoull(argv[5], nullptr, 10));
+  std::fprintf(stderr, "usage: see the comment at the top of reliability_peer.cpp\n");
+  return 64;
+}
