@@ -114,6 +114,22 @@ Status<std::errc> convert_send(const ibv_send_wr& in, SendWr& out) {
 
 void release_cq_user(ibv_cq* cq) { state_of<CqState>(cq)->qps.fetch_sub(1); }
 
+// Posts a chain of receive WRs to a QP or an SRQ; stops at the first failure (bad_wr).
+template <class ReceiveQueue>
+int post_recv_list(ReceiveQueue& queue, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  RecvWr converted;
+  for (ibv_recv_wr* at = wr; at; at = at->next) {
+    converted.wr_id = at->wr_id;
+    auto ok = convert_sges(at->sg_list, at->num_sge, converted.sg_list);
+    if (ok) ok = queue.post_recv(converted);
+    if (!ok) {
+      if (bad_wr) *bad_wr = at;
+      return errno_of(ok.error());
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 void detach_from_id(ibv_qp* qp) {
@@ -398,18 +414,7 @@ int ibv_destroy_srq(ibv_srq* srq) {
 
 int ibv_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   if (!srq) return EINVAL;
-  SharedReceiveQueue& cpp = *state_of<SrqState>(srq)->cpp;
-  RecvWr converted;
-  for (ibv_recv_wr* at = wr; at; at = at->next) {
-    converted.wr_id = at->wr_id;
-    auto ok = convert_sges(at->sg_list, at->num_sge, converted.sg_list);
-    if (ok) ok = cpp.post_recv(converted);
-    if (!ok) {
-      if (bad_wr) *bad_wr = at;
-      return errno_of(ok.error());
-    }
-  }
-  return 0;
+  return post_recv_list(*state_of<SrqState>(srq)->cpp, wr, bad_wr);
 }
 
 // --- queue pairs ---
@@ -562,18 +567,7 @@ int ibv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
 
 int ibv_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   if (!qp) return EINVAL;
-  QueuePair& cpp = *state_of<QpHandleState>(qp)->cpp;
-  RecvWr converted;
-  for (ibv_recv_wr* at = wr; at; at = at->next) {
-    converted.wr_id = at->wr_id;
-    auto ok = convert_sges(at->sg_list, at->num_sge, converted.sg_list);
-    if (ok) ok = cpp.post_recv(converted);
-    if (!ok) {
-      if (bad_wr) *bad_wr = at;
-      return errno_of(ok.error());
-    }
-  }
-  return 0;
+  return post_recv_list(*state_of<QpHandleState>(qp)->cpp, wr, bad_wr);
 }
 
 // --- address handles: for UD QPs, which an iWARP device has not ---

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../wire/hex_parse.hpp"
 #include "core/mpa_handshake.hpp"
 #include "qp_fixture.hpp"
 #include "wire/cm_header.hpp"
@@ -32,29 +33,7 @@ struct Seed {
   Bytes bytes;
 };
 
-Bytes hex(std::string_view text) {
-  Bytes out;
-  int high = -1;
-  for (const char c : text) {
-    int digit = 0;
-    if (c >= '0' && c <= '9') {
-      digit = c - '0';
-    } else if (c >= 'a' && c <= 'f') {
-      digit = c - 'a' + 10;
-    } else if (c >= 'A' && c <= 'F') {
-      digit = c - 'A' + 10;
-    } else {
-      continue;
-    }
-    if (high < 0) {
-      high = digit;
-    } else {
-      out.push_back(static_cast<std::uint8_t>((high << 4) | digit));
-      high = -1;
-    }
-  }
-  return out;
-}
+Bytes hex(std::string_view text) { return wire::test::parse_hex(text); }
 
 Bytes cat(std::initializer_list<Bytes> parts) {
   Bytes out;

@@ -14,6 +14,23 @@ namespace {
 
 using namespace std::chrono_literals;
 
+constexpr std::size_t kBig = 64u << 20;
+
+struct Exposed {
+  std::uint64_t addr = 0;
+  std::uint32_t rkey = 0;
+  std::uint64_t length = 0;
+};
+
+Exposed exposed_of(const ConnParam& param) {
+  Exposed e;
+  if (param.private_data.size() < 20) return e;
+  std::memcpy(&e.addr, param.private_data.data(), 8);
+  std::memcpy(&e.rkey, param.private_data.data() + 8, 4);
+  std::memcpy(&e.length, param.private_data.data() + 12, 8);
+  return e;
+}
+
 class PeerDeath : public FaultTest {
  protected:
   // The next event about `id` (events of other ids are a failure: nothing else is going on).
@@ -23,6 +40,19 @@ class PeerDeath : public FaultTest {
     if (!event) return CmEvent{};
     EXPECT_EQ(event->id, id) << "event " << to_string(event->type) << " about another id";
     return std::move(*event);
+  }
+
+  // Connects to a peer process that exposes a kBig region in its Accept private data.
+  void connect_to_exposing_peer(PeerProcess& peer, std::int64_t crc, std::unique_ptr<CmId>& id, Exposed& remote) {
+    const auto peer_port = peer.expect("port");
+    ASSERT_TRUE(peer_port);
+    id = target_id(static_cast<std::uint16_t>(std::stoi(*peer_port)), false, crc);
+    ASSERT_TRUE(id->connect({}));
+    auto established = next_for(id.get(), 5s);
+    ASSERT_EQ(to_string(established.type), to_string(CmEventType::established));
+    remote = exposed_of(established.param);
+    ASSERT_EQ(remote.length, kBig);
+    ASSERT_TRUE(peer.expect("established"));
   }
 };
 
@@ -119,34 +149,12 @@ TEST_F(PeerDeath, InitiatorKilledInsideItsRequestFreesTheHandshakeAtOnce) {
 
 // --- 64 MiB transfers: the peer stops in the middle (its progress is inline) and dies ---
 
-constexpr std::size_t kBig = 64u << 20;
-
-struct Exposed {
-  std::uint64_t addr = 0;
-  std::uint32_t rkey = 0;
-  std::uint64_t length = 0;
-};
-
-Exposed exposed_of(const ConnParam& param) {
-  Exposed e;
-  if (param.private_data.size() < 20) return e;
-  std::memcpy(&e.addr, param.private_data.data(), 8);
-  std::memcpy(&e.rkey, param.private_data.data() + 8, 4);
-  std::memcpy(&e.length, param.private_data.data() + 12, 8);
-  return e;
-}
-
 TEST_F(PeerDeath, KilledInTheMiddleOfA64MiBRdmaWrite) {
   PeerProcess peer({"rdma-server", "write", std::to_string(kBig), std::to_string(1u << 20)});
-  const auto peer_port = peer.expect("port");
-  ASSERT_TRUE(peer_port);
-  auto id = target_id(static_cast<std::uint16_t>(std::stoi(*peer_port)), false, /*crc off=*/2);
-  ASSERT_TRUE(id->connect({}));
-  auto established = next_for(id.get(), 5s);
-  ASSERT_EQ(to_string(established.type), to_string(CmEventType::established));
-  const Exposed remote = exposed_of(established.param);
-  ASSERT_EQ(remote.length, kBig);
-  ASSERT_TRUE(peer.expect("established"));
+  std::unique_ptr<CmId> id;
+  Exposed remote;
+  connect_to_exposing_peer(peer, /*crc off=*/2, id, remote);
+  if (HasFatalFailure()) return;
   std::vector<std::uint8_t> source(kBig, 0xA7), small(64, 1);
   auto source_mr = target.region(source);
   auto small_mr = target.region(small);
@@ -175,15 +183,10 @@ TEST_F(PeerDeath, KilledInTheMiddleOfA64MiBRdmaRead) {
   // The peer stops once its first Read Response FPDU is out: with the target stalled below,
   // the socket buffers may hold little more than that.
   PeerProcess peer({"rdma-server", "read", std::to_string(kBig), "1"});
-  const auto peer_port = peer.expect("port");
-  ASSERT_TRUE(peer_port);
-  auto id = target_id(static_cast<std::uint16_t>(std::stoi(*peer_port)), false, /*crc on=*/0);
-  ASSERT_TRUE(id->connect({}));
-  auto established = next_for(id.get(), 5s);
-  ASSERT_EQ(to_string(established.type), to_string(CmEventType::established));
-  const Exposed remote = exposed_of(established.param);
-  ASSERT_EQ(remote.length, kBig);
-  ASSERT_TRUE(peer.expect("established"));
+  std::unique_ptr<CmId> id;
+  Exposed remote;
+  connect_to_exposing_peer(peer, /*crc on=*/0, id, remote);
+  if (HasFatalFailure()) return;
   std::vector<std::uint8_t> sink(kBig, 0), small(64, 1);
   auto sink_mr = target.region(sink);
   auto small_mr = target.region(small);
