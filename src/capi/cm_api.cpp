@@ -122,6 +122,15 @@ rdma_cm_id* adopt_request(rdma_cm_id* listener, std::unique_ptr<CmId> cpp, const
   return child;
 }
 
+// One event of `id` acked (or dropped before it reached the application).
+void uncount_event(IdState& id) {
+  // Notify under the lock: once the count reaches 0, rdma_destroy_id() may free the id
+  // (and this condition variable) as soon as it can take the lock.
+  std::lock_guard lock(id.mutex);
+  --id.events_out;
+  id.events_done.notify_all();
+}
+
 // The C event for a C++ one, counted against the id whose queue it came from (the listener
 // for a CONNECT_REQUEST, as librdmacm counts it). Null for an event of an id already gone.
 rdma_cm_event* translate(CmEvent event) {
@@ -139,30 +148,30 @@ rdma_cm_event* translate(CmEvent event) {
   pub.param.conn.initiator_depth = event.param.initiator_depth;
   pub.param.conn.qp_num = event.param.qp_num;
 
+  // The event is counted against its id (the listener for a CONNECT_REQUEST, as librdmacm
+  // does) before the id is used: from then on rdma_destroy_id() waits for the ack instead
+  // of freeing the id under us. Looked up and counted under the registry lock, which
+  // rdma_destroy_id() takes to unregister.
+  const bool request = event.type == CmEventType::connect_request;
   rdma_cm_id* counted = nullptr;
-  if (event.type == CmEventType::connect_request) {
-    rdma_cm_id* listener = id_of(event.listen_id);
-    if (listener && event.new_id) {
-      pub.listen_id = listener;
-      pub.id = adopt_request(listener, std::move(event.new_id), event.param);
-      if (pub.id) counted = listener;
-    }
-  } else {
-    pub.id = id_of(event.id);
-    if (pub.id) {
-      fill_route(pub.id);
-      counted = pub.id;
-    }
-  }
   {
-    // Counted under the registry lock: rdma_destroy_id() unregisters first, then waits.
     std::lock_guard lock(g_ids.mutex);
-    if (counted && g_ids.ids.contains(st(counted).cpp.get())) {
+    if (auto it = g_ids.ids.find(request ? event.listen_id : event.id); it != g_ids.ids.end()) {
+      counted = it->second;
       std::lock_guard id_lock(st(counted).mutex);
       ++st(counted).events_out;
-    } else {
-      counted = nullptr;
     }
+  }
+  if (counted && request) {
+    pub.listen_id = counted;
+    pub.id = event.new_id ? adopt_request(counted, std::move(event.new_id), event.param) : nullptr;
+  } else if (counted) {
+    pub.id = counted;
+    fill_route(pub.id);
+  }
+  if (counted && !pub.id) {
+    uncount_event(st(counted));
+    counted = nullptr;
   }
   if (!counted) {
     delete shell->state;
@@ -262,12 +271,7 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
 int rdma_ack_cm_event(rdma_cm_event* event) {
   if (!event) return fail_errno(EINVAL);
   EventState* state = state_of<EventState>(event);
-  IdState& counted = st(state->counted);
-  {
-    std::lock_guard lock(counted.mutex);
-    --counted.events_out;
-  }
-  counted.events_done.notify_all();
+  uncount_event(st(state->counted));
   delete state;
   delete reinterpret_cast<EventShell*>(event);
   return 0;

@@ -322,10 +322,11 @@ void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
   CqState* state = state_of<CqState>(cq);
   if (cq->channel) state_of<CompChannelState>(cq->channel)->cpp->ack_events(*state->cpp, nevents);
   {
+    // Under the lock: ibv_destroy_cq frees the CQ once every event is acked.
     std::lock_guard lock(state->mutex);
     state->events_acked += nevents;
+    state->acked.notify_all();
   }
-  state->acked.notify_all();
 }
 
 int ibv_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
