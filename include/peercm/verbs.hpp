@@ -29,6 +29,11 @@ enum class ProgressMode : std::uint8_t {
 struct ContextOptions {
   std::uint64_t node_guid = 0;  // 0: random
   ProgressMode progress = ProgressMode::thread;
+  // How long after a connection's socket closed its CmId reports TIMEWAIT_EXIT. rdma_cm
+  // reports it after the QP's timewait; programs commonly destroy the id right after
+  // disconnecting, and an event queued at that moment would be purged with the id after a
+  // poll() had already seen the channel readable (rdma_get_cm_event would then block).
+  std::chrono::milliseconds timewait{200};
 };
 
 // One opened software iWARP device (a "node" of design.md §3).

@@ -220,7 +220,13 @@ Connection::Callbacks CmIdImpl::connection_callbacks(core::LinkId link_id) {
     if (self->state == State::established) self->emit_disconnected();
     if (self->disconnected_emitted && !self->timewait_emitted) {
       self->timewait_emitted = true;
-      self->emit(CmEventType::timewait_exit);
+      self->timewait_timer = self->ctx->reactor.add_timer(
+          engine::Clock::now() + self->ctx->timewait, [weak] {
+            auto id = weak.lock();
+            if (!id) return;
+            id->timewait_timer.reset();
+            id->emit(CmEventType::timewait_exit);
+          });
     }
     self->release_pending();
     if (link_id != 0 && self->link == link_id) {
@@ -391,6 +397,7 @@ CmId::~CmId() {
   std::lock_guard lock(ctx->mutex);
   orphaned = impl_->channel->purge(this);
   impl_->owner = nullptr;
+  if (impl_->timewait_timer) ctx->reactor.cancel_timer(*std::exchange(impl_->timewait_timer, std::nullopt));
   impl_->end_p2p();
   if (impl_->connection) {
     // The caller's QP outlives the id: it goes to ERROR with the connection, as iw_cm does.

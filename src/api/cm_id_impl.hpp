@@ -100,6 +100,7 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   core::AttemptId peer_cmid = 0;
   bool disconnected_emitted = false;
   bool timewait_emitted = false;
+  std::optional<engine::Reactor::TimerId> timewait_timer;
 };
 
 }  // namespace peercm::detail

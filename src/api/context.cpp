@@ -21,6 +21,7 @@ ContextImpl::ContextImpl(const ContextOptions& options)
       node_guid(options.node_guid ? options.node_guid : random_u64()),
       incarnation(random_u64()),
       mode(options.progress),
+      timewait(options.timewait),
       p2p(std::make_unique<P2pDriver>(*this)) {
   if (mode == ProgressMode::thread) reactor.start_thread();
 }

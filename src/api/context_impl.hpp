@@ -52,6 +52,7 @@ struct ContextImpl {
   std::uint64_t node_guid;
   std::uint64_t incarnation;
   ProgressMode mode;
+  std::chrono::milliseconds timewait;
   CmStats stats;
   std::vector<std::uint8_t> receive_scratch;  // shared by the context's connections
   std::uint16_t p2p_listen_port = 0;  // advertised in CM headers: the first listener's port

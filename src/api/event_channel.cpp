@@ -22,6 +22,7 @@ EventChannelImpl::~EventChannelImpl() {
 void EventChannelImpl::push(CmEvent event) {
   std::lock_guard lock(mutex);
   events.push_back(std::move(event));
+  if (events.size() > 1) return;  // already readable: drain_if_empty() has not read it since
   const std::uint64_t one = 1;
   [[maybe_unused]] auto n = ::write(event_fd, &one, sizeof one);
 }
@@ -48,6 +49,13 @@ std::vector<CmEvent> EventChannelImpl::purge(CmId* id) {
   }
   drain_if_empty();
   return removed;
+}
+
+bool EventChannelImpl::holds_events_for(const CmId* id) {
+  std::lock_guard lock(mutex);
+  for (const CmEvent& event : events)
+    if (event.id == id || event.listen_id == id) return true;
+  return false;
 }
 
 std::optional<CmEvent> EventChannelImpl::retract_request(CmId* id) {

@@ -21,6 +21,8 @@ struct EventChannelImpl {
   // Removes every queued event about `id` (an id being destroyed), so no event carries a
   // dangling id; the caller destroys them after releasing any context lock.
   std::vector<CmEvent> purge(CmId* id);
+  // Whether events about `id` wait in the queue (not fetched yet).
+  bool holds_events_for(const CmId* id);
   // Takes back a CONNECT_REQUEST for `id` that the application has not fetched yet.
   std::optional<CmEvent> retract_request(CmId* id);
   // Inline progress: contexts whose ids report here are driven by get_event().

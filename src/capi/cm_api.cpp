@@ -10,6 +10,7 @@
 #include <span>
 #include <unordered_map>
 
+#include "api/event_channel_impl.hpp"
 #include "capi/handles.hpp"
 
 namespace peercm::capi {
@@ -241,6 +242,22 @@ int sync_complete(rdma_cm_id* id) {
   return fail_errno(event->event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED : -event->status);
 }
 
+// A program whose event thread saw the channel readable, while another thread destroys the
+// id the event is about, would block in rdma_get_cm_event() once the event is purged (rping's
+// cm_thread and main do exactly this at exit). When another thread consumes the channel, it
+// gets a bounded moment to fetch the id's queued events first; they are then acked before the
+// id goes, as rdma_cm requires. A program fetching its events on the destroying thread never
+// waits here.
+void let_consumer_fetch_queued_events(rdma_cm_id* id) {
+  constexpr milliseconds kMaxWait{50};
+  EventChannelState& channel = *state_of<EventChannelState>(id->channel);
+  const std::thread::id consumer = channel.consumer.load(std::memory_order_relaxed);
+  if (consumer == std::thread::id{} || consumer == std::this_thread::get_id()) return;
+  const auto deadline = std::chrono::steady_clock::now() + kMaxWait;
+  while (channel.cpp->impl().holds_events_for(st(id).cpp.get()) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
+
 }  // namespace peercm::capi
 
 using namespace peercm;
@@ -256,7 +273,9 @@ void rdma_destroy_event_channel(rdma_event_channel* channel) {
 
 int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
   if (!channel || !event) return fail_errno(EINVAL);
-  EventChannel& cpp = *state_of<EventChannelState>(channel)->cpp;
+  EventChannelState& channel_state = *state_of<EventChannelState>(channel);
+  channel_state.consumer.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  EventChannel& cpp = *channel_state.cpp;
   const milliseconds wait = nonblocking(channel->fd) ? milliseconds(0) : milliseconds(-1);
   for (;;) {
     auto got = cpp.get_event(wait);
@@ -349,6 +368,7 @@ int rdma_destroy_id(rdma_cm_id* id) {
     rdma_ack_cm_event(id->event);
     id->event = nullptr;
   }
+  if (!state->sync) let_consumer_fetch_queued_events(id);
   {
     std::lock_guard lock(g_ids.mutex);
     g_ids.ids.erase(state->cpp.get());

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <system_error>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -136,6 +137,8 @@ using QpShell = Shell<ibv_qp, QpHandleState>;
 
 struct EventChannelState {
   std::unique_ptr<EventChannel> cpp;
+  // The thread that last called rdma_get_cm_event() on the channel.
+  std::atomic<std::thread::id> consumer{};
 };
 using EventChannelShell = Shell<rdma_event_channel, EventChannelState>;
 

@@ -107,6 +107,22 @@ TEST(Connection, DisconnectReachesBothSidesAndFlushesReceives) {
   EXPECT_EQ(pair->server.qp->state(), QpState::error);
 }
 
+// rdma_cm reports TIMEWAIT_EXIT after the timewait, not at the close: a program that destroys
+// its id right after DISCONNECTED must find no event of that id left behind (rping does this
+// while another thread polls the channel).
+TEST(Connection, TimewaitExitWaitsForTheTimewaitAndNeverOutlivesItsId) {
+  auto pair = LoopbackPair::connected();
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(pair->client.id->disconnect());
+  expect_event(*pair->client.channel, CmEventType::disconnected);
+  expect_event(*pair->server.channel, CmEventType::disconnected);
+  pair->server.id.reset();  // the server's timewait is still running
+  expect_event(*pair->client.channel, CmEventType::timewait_exit);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, ContextOptions{}.timewait);
+  auto stray = pair->server.channel->get_event(2 * ContextOptions{}.timewait);
+  EXPECT_FALSE(stray.has_value()) << "event " << to_string(stray->type) << " of a destroyed id";
+}
+
 TEST(Connection, ResponderTimesOutASilentClient) {
   Options options;
   LoopbackPair pair(options);
