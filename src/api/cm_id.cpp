@@ -251,7 +251,7 @@ void CmIdImpl::on_listen_readable() {
     socklen_t len = sizeof from;
     const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or a transient error: the next readiness retries
-    if (pending >= static_cast<std::size_t>(backlog) && !displace_silent_handshake()) {
+    if (pending >= static_cast<std::size_t>(backlog) && !displace_stalled_handshake()) {
       ::close(fd);  // over the backlog: refuse rather than queue without bound
       continue;
     }
@@ -283,19 +283,30 @@ void CmIdImpl::on_listen_readable() {
   }
 }
 
-// Peers that connect and then say nothing would hold a full backlog until the handshake
-// timeout, locking legitimate clients out (a slowloris flood): the oldest of them makes
-// room. A peer that sent any part of its Request keeps its place.
-bool CmIdImpl::displace_silent_handshake() {
-  std::shared_ptr<Connection> oldest_silent;
+// Peers that connect and then say nothing, or drip their Request byte by byte, would hold a
+// full backlog until the handshake timeout, locking legitimate clients out (a slowloris
+// flood): the oldest silent one makes room, else the oldest whose Request is still incomplete
+// after kPartialRequestGrace (a real client's Request arrives in one segment, at once).
+bool CmIdImpl::displace_stalled_handshake() {
+  constexpr std::chrono::milliseconds kPartialRequestGrace{100};
+  std::shared_ptr<Connection> victim;
   for (const auto& conn : handshaking) {
     if (conn->silent()) {
-      oldest_silent = conn;
+      victim = conn;
       break;
     }
   }
-  if (!oldest_silent) return false;
-  oldest_silent->abort();  // its `closed` callback gives its place back
+  if (!victim) {
+    const auto stalled_before = std::chrono::steady_clock::now() - kPartialRequestGrace;
+    for (const auto& conn : handshaking) {
+      if (conn->opened_at() < stalled_before) {
+        victim = conn;
+        break;
+      }
+    }
+  }
+  if (!victim) return false;
+  victim->abort();  // its `closed` callback gives its place back
   return pending < static_cast<std::size_t>(backlog);
 }
 

@@ -50,7 +50,7 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   // listener side
   void on_listen_readable();
   // Backlog full: closes the oldest handshake whose peer has sent nothing; false if none.
-  bool displace_silent_handshake();
+  bool displace_stalled_handshake();
   void on_incoming_request(const std::shared_ptr<Connection>& conn);
   // A request the resolver let through to the application (rule 4), or any non-p2p request.
   void deliver_request(const std::shared_ptr<Connection>& conn, std::span<const std::uint8_t> app_data,

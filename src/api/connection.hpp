@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 
 #include <array>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -47,6 +48,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   core::MpaResponder* responder() { return responder_ ? &*responder_ : nullptr; }
   // During setup: the peer has sent nothing, not even a byte still waiting in the socket.
   bool silent() const;
+  std::chrono::steady_clock::time_point opened_at() const { return opened_at_; }
   // Responder: answer the Request. The QP (if any) starts when the Reply is out.
   void accept(std::shared_ptr<QueuePairImpl> qp, std::uint16_t ird, std::uint16_t ord,
               std::span<const std::uint8_t> private_data);
@@ -102,6 +104,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool peer_closed_ = false;
   bool closed_notified_ = false;
   bool heard_from_peer_ = false;  // a byte arrived during setup
+  std::chrono::steady_clock::time_point opened_at_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace peercm::detail

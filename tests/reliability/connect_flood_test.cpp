@@ -184,5 +184,33 @@ TEST_F(ConnectFlood, BacklogHoldsMemoryIsBoundedAndLegitimateClientsGetIn) {
   EXPECT_EQ(after_ok, 10) << "legitimate connections after the flood";
 }
 
+// Slow drippers: each sent the first bytes of a Request and nothing more. With the backlog
+// full of them and a handshake timeout far away, a complete Request still gets in, and the
+// listener never holds more than its backlog.
+TEST_F(ConnectFlood, PartialRequestsGiveWayToACompleteOne) {
+  ASSERT_TRUE(listener->set_option(CmOption::connect_timeout, 30000));
+  const auto request = mpa_request_bytes(true);
+  std::vector<RawSocket> drips;
+  for (int i = 0; i < kBacklog; ++i) {
+    drips.push_back(RawSocket::connect_to(port));
+    ASSERT_GE(drips.back().fd(), 0);
+    ASSERT_TRUE(drips.back().send_all(std::span(request).first(4)));
+  }
+  const auto full_by = Clock::now() + 5s;
+  while (sample().pending < static_cast<std::size_t>(kBacklog) && Clock::now() < full_by) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(sample().pending, static_cast<std::size_t>(kBacklog)) << "the drippers never filled the backlog";
+  std::this_thread::sleep_for(150ms);  // past the grace a partial Request gets
+  EXPECT_EQ(legitimate_connection(), Outcome::delivered);
+  std::size_t cut_off = 0;
+  for (auto& drip : drips) {
+    bool eof = false;
+    drip.read_for(10ms, &eof);
+    cut_off += eof ? 1 : 0;
+  }
+  EXPECT_GE(cut_off, 1u) << "no dripper gave way";
+  EXPECT_LE(sample().pending, static_cast<std::size_t>(kBacklog));
+  report(std::to_string(cut_off) + " of " + std::to_string(kBacklog) + " drippers closed to let one client in");
+}
+
 }  // namespace
 }  // namespace peercm::test
