@@ -59,6 +59,8 @@ enum class WcStatus : std::uint8_t {
   remote_access_error,
   remote_operation_error,
   fatal_error,
+  retry_exceeded,      // RC over RoCE: the peer never acknowledged within retry_cnt retries
+  rnr_retry_exceeded,  // RC over RoCE: the peer had no receive posted through rnr_retry tries
 };
 
 enum class WcOpcode : std::uint8_t { send, rdma_write, rdma_read, recv };

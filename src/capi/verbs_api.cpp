@@ -39,6 +39,8 @@ ibv_wc_status wc_status(WcStatus status) {
     case WcStatus::remote_access_error: return IBV_WC_REM_ACCESS_ERR;
     case WcStatus::remote_operation_error: return IBV_WC_REM_OP_ERR;
     case WcStatus::fatal_error: return IBV_WC_FATAL_ERR;
+    case WcStatus::retry_exceeded: return IBV_WC_RETRY_EXC_ERR;
+    case WcStatus::rnr_retry_exceeded: return IBV_WC_RNR_RETRY_EXC_ERR;
   }
   return IBV_WC_GENERAL_ERR;
 }

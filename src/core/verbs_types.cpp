@@ -14,6 +14,8 @@ std::string_view to_string(WcStatus status) {
     case WcStatus::remote_access_error: return "remote_access_error";
     case WcStatus::remote_operation_error: return "remote_operation_error";
     case WcStatus::fatal_error: return "fatal_error";
+    case WcStatus::retry_exceeded: return "retry_exceeded";
+    case WcStatus::rnr_retry_exceeded: return "rnr_retry_exceeded";
   }
   return "unknown";
 }
