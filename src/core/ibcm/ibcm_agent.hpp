@@ -1,0 +1,249 @@
+// The IB CM agent of one node as a sans-IO core: it owns the node's IbCmConnections, routes each
+// inbound CM MAD to its connection (roce-ibcm-wire.md §4.6 lookup: REQs by the sender's (CA GUID,
+// comm ID), then by Service ID to a listener; everything else by our comm ID), allocates comm
+// IDs, answers what belongs to no connection (REJ 8, REJ 10, DREP), and binds the peer-to-peer
+// model of design.md §3 to the IB CM through the transport-independent P2pResolver.
+//
+// p2p binding (design.md §3 rule 3, wire sheet §5): a p2p REQ carries the peercm p2p header
+// (ibcm_p2p_header.hpp). Each REQ exchange is one resolver link. The collision order is the
+// resolver's: node GUID = CA GUID, attempt id = QPN. The active peer drops the losing REQ and its
+// copies silently; the passive peer's REQ_SENT connection takes the peer's REQ (its REQ stops,
+// its comm ID stays) and answers it with a REP on behalf of the application's attempt.
+//
+// The application names connections by IbCmId (rdma_cm's cm_id): an attempt keeps its id when
+// it is bound to the peer's REQ. Ids end after `rejected`, `unreachable`, `connect_error`, or
+// `timewait_exit`; a connection whose id ended finishes its own protocol (TIMEWAIT) alone.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <span>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "core/ibcm/ibcm_connection.hpp"
+#include "core/ibcm/ibcm_types.hpp"
+#include "core/p2p_resolver.hpp"
+#include "core/time.hpp"
+#include "peercm/result.hpp"
+
+namespace peercm::core::ibcm {
+
+using IbCmId = std::uint32_t;  // never 0, never reused by one agent
+
+struct IbCmAgentConfig {
+  NodeIdentity identity;  // guid = the CA GUID of every REQ/REP; incarnation: random per open
+  Ipv4Address address{};  // our IPv4 address; the GID is ::ffff:a.b.c.d (§1.1)
+  IbCmTiming timing;
+  Duration connect_timeout = std::chrono::seconds(30);  // design.md §3 rule 8, p2p attempts
+  std::uint32_t first_comm_id = 1;  // comm IDs count up from here (random per open, §4.6)
+  std::uint32_t tid_high = 1;       // the upper 32 bits of the TIDs this agent starts (§3.3)
+};
+
+// The most application bytes a REQ carries: rdma_cm leaves 56 (§6), the p2p header takes 20.
+inline constexpr std::size_t kMaxConnectPrivateData = 56;
+inline constexpr std::size_t kMaxP2pConnectPrivateData = 36;
+inline constexpr std::size_t kMaxAcceptPrivateData = 196;
+inline constexpr std::size_t kMaxP2pAcceptPrivateData = 176;
+
+struct IbCmConnectParams {
+  Ipv4Address destination{};
+  std::uint16_t port = 0;  // the service: rdma_cm's TCP port space (§6)
+  // The port this node listens on, sent as the rdma_cm header's source port: p2p keys are
+  // (peer address, its listening port, tag) (design.md §3 rule 2). 0: `port`.
+  std::uint16_t source_port = 0;
+  std::uint32_t tag = 0;
+  bool peer_to_peer = true;
+  std::uint32_t qpn = 0;  // also the attempt id of the p2p order; must grow per attempt
+  std::uint32_t starting_psn = 0;
+  std::uint8_t responder_resources = 0;
+  std::uint8_t initiator_depth = 0;
+  std::uint8_t retry_count = 7;
+  std::uint8_t rnr_retry_count = 7;
+  std::uint8_t path_mtu = 3;
+  std::vector<std::uint8_t> private_data;  // ≤ 56, or ≤ 36 with peer_to_peer
+};
+
+struct IbCmAcceptParams {
+  std::uint32_t qpn = 0;
+  std::uint32_t starting_psn = 0;
+  std::uint8_t responder_resources = 0;
+  std::uint8_t initiator_depth = 0;
+  std::uint8_t rnr_retry_count = 7;
+  std::vector<std::uint8_t> private_data;  // ≤ 196, or ≤ 176 for a p2p request
+};
+
+struct IbCmAgentEvent {
+  enum class Kind : std::uint8_t {
+    connect_request,  // a new id for a delivered REQ: accept() or reject() it
+    established,
+    rejected,         // the peer rejected (`reason`, `private_data`, `ari`); the id ends
+    unreachable,      // our REQ went unanswered through every retry; the id ends
+    connect_error,    // establishment failed otherwise (p2p deadline, REP retries, MRA promise,
+                      // the peer restarted); the id ends
+    disconnected,
+    timewait_exit,    // the id ends
+  };
+  Kind kind = Kind::established;
+  IbCmId id = 0;
+  std::uint16_t reason = 0;
+  std::vector<std::uint8_t> private_data;  // the application's bytes (CM headers removed)
+  std::vector<std::uint8_t> ari;
+  // connect_request, established: who is at the other end.
+  Ipv4Address peer_address{};
+  std::uint16_t port = 0;
+  std::uint32_t tag = 0;
+  bool peer_to_peer = false;
+  IbCmPeer peer;
+  std::uint32_t local_comm_id = 0;
+};
+
+struct IbCmAgentStats {
+  std::uint64_t mads_received = 0;
+  std::uint64_t malformed = 0;           // dropped: did not decode
+  std::uint64_t unmatched = 0;           // dropped: no connection for it
+  std::uint64_t duplicate_reqs = 0;      // REQs routed to their existing connection
+  std::uint64_t rejected_no_service = 0; // REJ 8
+  std::uint64_t rejected_stale = 0;      // REJ 10 sent by the agent
+  std::uint64_t p2p_dropped = 0;         // losing REQs (and copies) dropped silently (rule 3)
+  std::uint64_t p2p_duplicates = 0;      // REQs rejected as late duplicates (rule 6)
+  std::uint64_t p2p_bound = 0;           // attempts bound to the peer's REQ (rule 3 passive)
+};
+
+class IbCmAgent {
+ public:
+  explicit IbCmAgent(const IbCmAgentConfig& config);
+
+  // --- inputs: the application ---
+  // REQs for `port` in rdma_cm's TCP port space reach this node; others get REJ 8 (§6).
+  void listen(std::uint16_t port);
+  void stop_listening(std::uint16_t port);
+  // p2p: EISCONN / EALREADY per design.md §3 rule 5; EINVAL for too much private data, a field
+  // the REQ cannot carry, or a QPN another pending attempt uses.
+  Result<IbCmId, std::errc> connect(const IbCmConnectParams& params, Time now);
+  // A connect_request's id: the REP (§4.9 REQ_RCVD → REP_SENT). EINVAL for any other id.
+  Status<std::errc> accept(IbCmId id, const IbCmAcceptParams& params, Time now);
+  // A connect_request's id: REJ reason 28 with `private_data` (§6 rdma_reject); the id ends.
+  Status<std::errc> reject(IbCmId id, std::span<const std::uint8_t> private_data, Time now);
+  // An established id: DREQ; `disconnected` and `timewait_exit` follow.
+  Status<std::errc> disconnect(IbCmId id, Time now);
+
+  // --- inputs: the network and time ---
+  // One CM MAD from the GSI datagram whose source address is `from` (answers that belong to no
+  // connection go there).
+  void handle_mad(const Gid& from, std::span<const std::uint8_t> mad, Time now);
+  void handle_timeout(Time now);
+
+  // --- outputs ---
+  std::optional<OutboundMad> poll_mad();
+  std::optional<IbCmAgentEvent> poll_event();
+  std::optional<Time> next_deadline() const;
+
+  // --- introspection ---
+  std::size_t connection_count() const { return conns_.size(); }
+  std::size_t id_count() const { return ids_.size(); }
+  // REQs waiting on the resolver (held) plus remembered dropped REQs.
+  std::size_t pending_request_count() const { return pending_.size() + tombstones_.size(); }
+  std::optional<IbCmState> state_of(IbCmId id) const;
+  const IbCmConnection* connection_of(IbCmId id) const;
+  const P2pResolver& resolver() const { return resolver_; }
+  const IbCmAgentStats& stats() const { return stats_; }
+  const IbCmAgentConfig& config() const { return config_; }
+
+ private:
+  using RemoteKey = std::pair<std::uint64_t, std::uint32_t>;  // (peer CA GUID, peer comm ID)
+
+  struct Conn {
+    IbCmConnection cm;
+    IbCmId owner = 0;  // 0: the id ended; the connection finishes alone
+    LinkId link = 0;   // p2p: the resolver's name for this connection's REQ exchange
+    std::optional<RemoteKey> remote;           // indexed in by_remote_
+    std::optional<Time> indexed_deadline;      // indexed in timers_
+  };
+
+  struct Id {
+    enum class Phase : std::uint8_t { connecting, requested, accepted, established, closing };
+    Phase phase = Phase::connecting;
+    bool active = false;  // made by connect()
+    bool p2p = false;
+    P2pKey key;
+    std::uint32_t conn = 0;  // local comm ID; 0: a p2p attempt waiting for the peer's REQ
+    IbCmConnectParams params;  // active: what answers a peer REQ on the attempt's behalf
+    std::uint64_t peer_incarnation = 0;
+    bool pending_attempt = false;  // active p2p: in attempts_
+    bool disconnect_reported = false;  // DISCONNECTED went up before the DREQ exchange ended
+  };
+
+  // A p2p REQ the resolver has not placed on a connection (just arrived, or held, rule 3).
+  struct PendingRequest {
+    std::array<std::uint8_t, wire::ibcm::kMadSize> mad{};
+    RemoteKey remote;
+  };
+
+  // ibcm_agent.cpp: routing, connections, ids
+  void on_req(const wire::ibcm::CmReq& req, std::uint64_t tid, std::span<const std::uint8_t> mad,
+              const Gid& from, Time now);
+  void on_rep(const wire::ibcm::CmRep& rep, std::uint64_t tid, const Gid& from, Time now);
+  void on_rej(const wire::ibcm::CmRej& rej, Time now);
+  void on_dreq(const wire::ibcm::CmDreq& dreq, std::uint64_t tid, const Gid& from, Time now);
+  IbCmId open_passive(const wire::ibcm::CmReq& req, std::uint64_t tid, const P2pKey& key, LinkId link,
+                      std::uint64_t incarnation, bool p2p, Time now);
+  Conn* find_conn(std::uint32_t local_comm_id, std::uint32_t peer_comm_id);
+  std::uint32_t new_conn();
+  void index_remote(std::uint32_t comm);
+  void sync(std::uint32_t comm, Time now);
+  void on_conn_event(std::uint32_t comm, const IbCmEvent& event, Time now);
+  void conn_failed(std::uint32_t comm, IbCmAgentEvent::Kind kind, const IbCmEvent& event);
+  void detach(std::uint32_t comm);
+  void end_id(IbCmId id);
+  void push_event(IbCmAgentEvent event);
+  IbCmAgentEvent peer_event(IbCmAgentEvent::Kind kind, IbCmId id, const Conn& conn) const;
+  Id* find_id(IbCmId id);
+  void send_answer(const wire::ibcm::CmMessage& message, std::uint64_t tid, const Gid& to);
+  bool stale(std::uint64_t guid, std::uint32_t qpn, std::uint32_t except_comm, Time now);
+  void remember_dropped(const RemoteKey& remote, Time now);
+
+  // ibcm_agent_p2p.cpp: the resolver binding
+  void on_p2p_req(const wire::ibcm::CmReq& req, std::span<const std::uint8_t> mad, const P2pKey& key,
+                  std::uint64_t incarnation, Time now);
+  void drain_resolver(Time now);
+  void apply(const P2pAction& action, Time now);
+  void deliver(const P2pAction& action, Time now);
+  void bind(const P2pAction& action, Time now);
+  void drop_request(const P2pAction& action, Time now);
+  void teardown(const P2pAction& action, Time now);
+  void attempt_failed(const P2pAction& action, Time now);
+  std::optional<PendingRequest> take_pending(LinkId link);
+  std::vector<std::uint8_t> reply_private_data(std::uint32_t tag, std::span<const std::uint8_t> application) const;
+
+  IbCmAgentConfig config_;
+  Gid gid_;
+  P2pResolver resolver_;
+  std::set<std::uint16_t> listeners_;
+  std::map<std::uint32_t, Conn> conns_;        // by local comm ID
+  std::map<IbCmId, Id> ids_;
+  std::map<RemoteKey, std::uint32_t> by_remote_;  // §4.6: REQ duplicates
+  std::map<LinkId, std::uint32_t> link_conn_;     // p2p link → local comm ID
+  std::map<LinkId, PendingRequest> pending_;
+  std::map<RemoteKey, LinkId> pending_by_remote_;
+  std::map<AttemptId, IbCmId> attempts_;          // p2p attempt id (QPN) → id
+  std::map<RemoteKey, Time> tombstones_;          // REQs dropped or ended: copies ignored until
+  std::set<std::pair<Time, std::uint32_t>> timers_;
+  std::uint32_t next_comm_id_;
+  IbCmId next_id_ = 1;
+  LinkId next_link_ = 1;
+  bool draining_ = false;
+  std::vector<OutboundMad> mads_;
+  std::size_t next_mad_ = 0;
+  std::vector<IbCmAgentEvent> events_;
+  std::size_t next_event_ = 0;
+  IbCmAgentStats stats_;
+};
+
+}  // namespace peercm::core::ibcm

@@ -1,0 +1,226 @@
+// The IB CM binding of the p2p resolver (design.md §3; roce-ibcm-wire.md §5): each p2p REQ is a
+// resolver link, and each P2pAction becomes what the IB CM does with that REQ and the
+// application's attempt. The resolver's decisions are not repeated here; only how they are
+// carried out on the IB CM differs from the iWARP binding (rule 3's last sentence).
+#include <cassert>
+#include <variant>
+
+#include "core/ibcm/ibcm_agent.hpp"
+#include "core/ibcm/ibcm_p2p_header.hpp"
+#include "wire/cm_header.hpp"
+#include "wire/ibcm/rdma_cm_ip.hpp"
+
+namespace peercm::core::ibcm {
+
+namespace w = wire::ibcm;
+using Kind = P2pAction::Kind;
+
+namespace {
+
+struct StoredReq {
+  w::CmReq req;
+  std::uint64_t tid = 0;
+  std::uint64_t incarnation = 0;
+};
+
+// A pending REQ's MAD decoded again (it decoded when it arrived). Views point into `mad`.
+std::optional<StoredReq> decode_stored(std::span<const std::uint8_t> mad) {
+  auto decoded = w::decode_cm_mad(mad);
+  if (!decoded || !std::holds_alternative<w::CmReq>(decoded->message)) return std::nullopt;
+  StoredReq out{.req = std::get<w::CmReq>(decoded->message), .tid = decoded->transaction_id};
+  if (auto cma = w::decode_cma_private_data(out.req.private_data)) {
+    if (auto header = decode_p2p_header(cma->application_data)) out.incarnation = header->header.incarnation;
+  }
+  return out;
+}
+
+}  // namespace
+
+void IbCmAgent::on_p2p_req(const w::CmReq& req, std::span<const std::uint8_t> mad, const P2pKey& key,
+                           std::uint64_t incarnation, Time now) {
+  const LinkId link = next_link_++;
+  PendingRequest pending{.remote = {req.local_ca_guid, req.local_comm_id}};
+  std::copy(mad.begin(), mad.end(), pending.mad.begin());
+  pending_by_remote_[pending.remote] = link;
+  pending_.emplace(link, pending);
+  // Rule 3's order: (node GUID, attempt id) = the IB spec's (CA GUID, QPN), §5.
+  resolver_.handle_request(key, link, NodeIdentity{.guid = req.local_ca_guid, .incarnation = incarnation},
+                           req.local_qpn, now);
+  // No action: the resolver holds the REQ (rule 3, active peer) — it stays pending, and its
+  // copies are dropped (§5) until the resolver decides.
+  drain_resolver(now);
+}
+
+void IbCmAgent::drain_resolver(Time now) {
+  if (draining_) return;  // actions queued meanwhile are taken by the loop below
+  draining_ = true;
+  while (auto action = resolver_.poll_action()) apply(*action, now);
+  draining_ = false;
+}
+
+void IbCmAgent::apply(const P2pAction& action, Time now) {
+  switch (action.kind) {
+    case Kind::deliver_request: deliver(action, now); return;
+    case Kind::accept_into_attempt: bind(action, now); return;
+    case Kind::reject_request: drop_request(action, now); return;
+    case Kind::teardown_link: teardown(action, now); return;
+    case Kind::attempt_failed: attempt_failed(action, now); return;
+  }
+}
+
+// Rule 4: CONNECT_REQUEST on the listener, exactly as in client/server mode.
+void IbCmAgent::deliver(const P2pAction& action, Time now) {
+  auto pending = take_pending(action.link);
+  if (!pending) return;
+  auto stored = decode_stored(pending->mad);
+  assert(stored);
+  if (!stored) return;
+  open_passive(stored->req, stored->tid, action.key, action.link, stored->incarnation, true, now);
+}
+
+// Rule 3 passive (§5): our attempt's REQ_SENT connection takes the peer's REQ — its REQ stops,
+// its comm ID stays, so copies of our dead REQ look like duplicates of this connection at the
+// peer — and answers it with a REP on the attempt's behalf. Without one (the attempt lost its
+// REQ before), a new connection does the same.
+void IbCmAgent::bind(const P2pAction& action, Time now) {
+  auto pending = take_pending(action.link);
+  auto at = attempts_.find(action.attempt);
+  if (!pending || at == attempts_.end()) return;
+  auto stored = decode_stored(pending->mad);
+  assert(stored);
+  if (!stored) return;
+  const IbCmId id = at->second;
+  Id& record = ids_.at(id);
+
+  std::uint32_t comm = 0;
+  if (action.aborted_link != 0) {
+    if (auto own = link_conn_.find(action.aborted_link); own != link_conn_.end()) {
+      const std::uint32_t own_comm = own->second;
+      Conn& conn = conns_.at(own_comm);
+      if (conn.cm.state() == IbCmState::req_sent || conn.cm.state() == IbCmState::mra_req_rcvd) {
+        comm = own_comm;
+        link_conn_.erase(own);
+        conn.link = 0;
+      } else {
+        detach(own_comm);  // a bound REP_SENT connection of a replaced request: it goes
+        conn.cm.abort(now);
+        sync(own_comm, now);
+      }
+    }
+  }
+  if (comm == 0) comm = new_conn();
+  Conn& conn = conns_.at(comm);
+  conn.owner = id;
+  conn.link = action.link;
+  link_conn_[action.link] = comm;
+  record.conn = comm;
+  record.peer_incarnation = stored->incarnation;
+  conn.cm.handle_req(stored->req, stored->tid, now);
+  ++stats_.p2p_bound;
+  const IbCmConnectParams& params = record.params;
+  (void)conn.cm.accept({.qpn = params.qpn,
+                        .starting_psn = params.starting_psn,
+                        .responder_resources = params.responder_resources,
+                        .initiator_depth = params.initiator_depth,
+                        .rnr_retry_count = params.rnr_retry_count,
+                        .private_data = reply_private_data(params.tag, params.private_data)},
+                       now);
+  sync(comm, now);
+}
+
+// Rules 3 and 6 over the IB CM: the losing REQ of a collision is dropped without a word (§5);
+// a late duplicate gets REJ(consumer) carrying the CM reject "duplicate", as over iWARP, so its
+// sender's attempt knows the CM — not the application — refused it.
+void IbCmAgent::drop_request(const P2pAction& action, Time now) {
+  auto pending = take_pending(action.link);
+  if (!pending) return;
+  remember_dropped(pending->remote, now);
+  if (action.reason == P2pRejectReason::collision) {
+    ++stats_.p2p_dropped;
+    return;
+  }
+  ++stats_.p2p_duplicates;
+  auto stored = decode_stored(pending->mad);
+  if (!stored) return;
+  std::array<std::uint8_t, wire::kCmRejectSize> reason{};
+  if (!wire::encode_cm_reject(wire::CmRejectReason::duplicate, reason)) return;
+  send_answer(w::CmRej{.remote_comm_id = stored->req.local_comm_id,
+                       .message_rejected = w::RejTarget::req,
+                       .reason = w::rej_reason::kConsumerReject,
+                       .private_data = reason},
+              stored->tid, stored->req.primary.local_gid);
+}
+
+// Rule 6: the peer restarted (or connects anew): the old connection goes, with DISCONNECTED on
+// its id once the DREQ exchange ends; one not yet established ends its id at once.
+void IbCmAgent::teardown(const P2pAction& action, Time now) {
+  auto found = link_conn_.find(action.link);
+  if (found == link_conn_.end()) return;
+  const std::uint32_t comm = found->second;
+  Conn& conn = conns_.at(comm);
+  link_conn_.erase(found);
+  conn.link = 0;
+  switch (conn.cm.state()) {
+    case IbCmState::established:
+      // DISCONNECTED at once: the replacing request may establish before the DREQ exchange ends.
+      if (Id* record = find_id(conn.owner)) {
+        record->phase = Id::Phase::closing;
+        record->disconnect_reported = true;
+        push_event({.kind = IbCmAgentEvent::Kind::disconnected, .id = conn.owner});
+      }
+      (void)conn.cm.disconnect({}, now);
+      break;
+    case IbCmState::dreq_sent:
+    case IbCmState::dreq_rcvd:
+    case IbCmState::timewait:
+    case IbCmState::idle:
+      break;  // already going
+    default: {
+      const IbCmId id = conn.owner;
+      detach(comm);
+      conn.cm.abort(now);
+      if (find_id(id) != nullptr) {
+        end_id(id);
+        push_event({.kind = IbCmAgentEvent::Kind::connect_error, .id = id});
+      }
+      break;
+    }
+  }
+  sync(comm, now);
+}
+
+// Rule 8: CONNECT_ERROR at the deadline; whatever connection the attempt held is abandoned
+// (REJ timeout to the peer, §4.9).
+void IbCmAgent::attempt_failed(const P2pAction& action, Time now) {
+  auto at = attempts_.find(action.attempt);
+  if (at == attempts_.end()) return;
+  const IbCmId id = at->second;
+  if (const std::uint32_t comm = ids_.at(id).conn; comm != 0) {
+    detach(comm);
+    conns_.at(comm).cm.abort(now);
+    sync(comm, now);
+  }
+  end_id(id);
+  push_event({.kind = IbCmAgentEvent::Kind::connect_error, .id = id});
+}
+
+std::optional<IbCmAgent::PendingRequest> IbCmAgent::take_pending(LinkId link) {
+  auto it = pending_.find(link);
+  if (it == pending_.end()) return std::nullopt;
+  PendingRequest out = it->second;
+  pending_by_remote_.erase(out.remote);
+  pending_.erase(it);
+  return out;
+}
+
+// A p2p REP: the p2p header (the tag, and the incarnation rule 6 needs), then the
+// application's bytes.
+std::vector<std::uint8_t> IbCmAgent::reply_private_data(std::uint32_t tag,
+                                                        std::span<const std::uint8_t> application) const {
+  std::vector<std::uint8_t> out(kP2pHeaderSize);
+  encode_p2p_header({.tag = tag, .incarnation = config_.identity.incarnation}, out);
+  out.insert(out.end(), application.begin(), application.end());
+  return out;
+}
+
+}  // namespace peercm::core::ibcm

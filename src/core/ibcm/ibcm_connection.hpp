@@ -1,0 +1,121 @@
+// One IB CM connection as a sans-IO state machine (roce-ibcm-wire.md §4.9): decoded CM messages,
+// application calls and time in; MADs to send, events and one deadline out. It never looks
+// anything up: the agent (ibcm_agent.hpp) finds the connection a MAD belongs to, checks for
+// duplicates across connections and stale QPNs, and frees the connection once it is back in IDLE.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <system_error>
+#include <vector>
+
+#include "core/ibcm/ibcm_types.hpp"
+#include "core/time.hpp"
+#include "peercm/result.hpp"
+#include "wire/ibcm/cm_message.hpp"
+
+namespace peercm::core::ibcm {
+
+class IbCmConnection {
+ public:
+  // `tid_high`: the upper 32 bits of the TIDs this connection starts (§3.3).
+  IbCmConnection(std::uint32_t local_comm_id, std::uint64_t local_guid, const IbCmTiming& timing,
+                 std::uint32_t tid_high);
+
+  // --- inputs: the application ---
+  // IDLE → REQ_SENT. EINVAL in another state or when a field does not fit the REQ.
+  Status<std::errc> connect(const IbCmRequestParams& params, Time now);
+  // REQ_RCVD / MRA_REQ_SENT: send the REP → REP_SENT. REP_RCVD / MRA_REP_SENT (confirm_reply):
+  // send the RTU (only `private_data` is used) → ESTABLISHED. EINVAL otherwise.
+  Status<std::errc> accept(const IbCmReplyParams& params, Time now);
+  // REQ_RCVD / MRA_REQ_SENT → IDLE, REP_RCVD / MRA_REP_SENT → IDLE: a REJ with `reason`.
+  Status<std::errc> reject(std::uint16_t reason, std::span<const std::uint8_t> private_data, Time now);
+  // ESTABLISHED → DREQ_SENT. EINVAL otherwise.
+  Status<std::errc> disconnect(std::span<const std::uint8_t> private_data, Time now);
+  // The owner gives the connection up without an event: REJ(timeout) while it waits for the
+  // peer (§4.9, Linux abandons REQ_SENT so), REJ(consumer) while the peer waits for us, DREQ
+  // when established. Nothing in IDLE, TIMEWAIT or while already disconnecting.
+  void abort(Time now);
+
+  // --- inputs: the network (the agent routed the message here) ---
+  // IDLE: a new REQ from a listener → REQ_RCVD. REQ_SENT / MRA_REQ_RCVD: the peer's REQ of a
+  // p2p collision this side lost (§5 passive): our REQ stops, the connection turns passive and
+  // keeps its local comm ID → REQ_RCVD. Else a duplicate (§4.9).
+  void handle_req(const wire::ibcm::CmReq& req, std::uint64_t tid, Time now);
+  void handle_rep(const wire::ibcm::CmRep& rep, Time now);
+  void handle_rtu(const wire::ibcm::CmRtu& rtu, Time now);
+  void handle_rej(const wire::ibcm::CmRej& rej, Time now);
+  void handle_mra(const wire::ibcm::CmMra& mra, Time now);
+  void handle_dreq(const wire::ibcm::CmDreq& dreq, std::uint64_t tid, Time now);
+  void handle_drep(const wire::ibcm::CmDrep& drep, Time now);
+  void handle_timeout(Time now);
+
+  // --- outputs ---
+  std::optional<OutboundMad> poll_mad();
+  std::optional<IbCmEvent> poll_event();
+  std::optional<Time> next_deadline() const { return deadline_; }
+
+  // --- introspection ---
+  IbCmState state() const { return state_; }
+  // Left IDLE once and is back: the owner frees it.
+  bool finished() const { return started_ && state_ == IbCmState::idle; }
+  bool active() const { return active_; }
+  std::uint32_t local_comm_id() const { return local_comm_id_; }
+  std::uint32_t local_qpn() const { return local_qpn_; }
+  const IbCmPeer& peer() const { return peer_; }
+  bool peer_known() const { return peer_known_; }
+  // The private data of the REQ (passive) or REP (active) that brought the peer.
+  std::span<const std::uint8_t> peer_private_data() const { return peer_private_data_; }
+  std::uint64_t service_id() const { return service_id_; }
+
+ private:
+  void enter(IbCmState state);
+  std::array<std::uint8_t, 8> guid_ari() const;  // REJ(timeout)'s ARI: our CA GUID (§4.8)
+  void send(const wire::ibcm::CmMessage& message, std::uint64_t tid, bool keep_for_resend);
+  void arm_resend(Time now);
+  void resend_or_give_up(Time now);
+  void send_rej(std::uint16_t reason, wire::ibcm::RejTarget target, std::span<const std::uint8_t> ari,
+                std::span<const std::uint8_t> private_data);
+  void send_mra(wire::ibcm::MraTarget target);
+  void send_rtu(std::span<const std::uint8_t> private_data);
+  void send_drep(std::uint64_t tid);
+  void to_timewait(Time now);
+  void emit(IbCmEvent::Kind kind, std::uint16_t reason = 0, std::span<const std::uint8_t> private_data = {},
+            std::span<const std::uint8_t> ari = {});
+  void take_request(const wire::ibcm::CmReq& req, std::uint64_t tid, Time now);
+  void take_reply(const wire::ibcm::CmRep& rep);
+
+  std::uint32_t local_comm_id_;
+  std::uint64_t local_guid_;
+  IbCmTiming timing_;
+  std::uint32_t tid_high_;
+
+  IbCmState state_ = IbCmState::idle;
+  bool started_ = false;
+  bool active_ = false;
+  bool confirm_reply_ = false;
+  std::uint32_t local_qpn_ = 0;
+  std::uint64_t service_id_ = 0;
+  IbCmPeer peer_;
+  bool peer_known_ = false;
+  std::vector<std::uint8_t> peer_private_data_;
+
+  std::uint64_t req_tid_ = 0;   // the REQ's: REP, MRA, REJ and RTU reuse it (§3.3)
+  std::uint64_t dreq_tid_ = 0;  // our DREQ's
+  std::uint8_t peer_response_timeout_ = 0;  // the REQ's remote CM response timeout (passive)
+  std::uint8_t own_response_timeout_ = 0;   // the REQ's local CM response timeout
+  Duration resend_interval_{};
+  std::uint8_t max_retries_ = 0;
+  std::uint8_t retries_left_ = 0;
+  OutboundMad resend_;  // the MAD the timer resends, identical each time (§3.3)
+  std::optional<Time> deadline_;
+
+  std::vector<OutboundMad> mads_;
+  std::vector<IbCmEvent> events_;
+  std::size_t next_mad_ = 0;
+  std::size_t next_event_ = 0;
+};
+
+}  // namespace peercm::core::ibcm

@@ -1,0 +1,286 @@
+// The IB CM agent in client/server mode over the test fabric: the happy path, lost MADs at every
+// step, retries running out, duplicates, stale connections, MRA, and REJ with private data
+// (roce-ibcm-wire.md §4.9, §6).
+#include <gtest/gtest.h>
+
+#include "ibcm_fabric.hpp"
+
+namespace peercm::core::ibcm::test {
+namespace {
+
+constexpr int kClient = 0;
+constexpr int kServer = 1;
+
+struct ClientServer : ::testing::Test {
+  Fabric net;
+  void SetUp() override {
+    net.add(0x1111);
+    net.add(0x2222);
+    net.agent(kServer).listen(7471);
+  }
+
+  IbCmId connect(std::vector<std::uint8_t> data = {}) {
+    IbCmConnectParams params = connect_params(kServer, 0x100, false);
+    params.private_data = std::move(data);
+    auto id = net.agent(kClient).connect(params, net.now);
+    EXPECT_TRUE(id.has_value());
+    return id ? *id : 0;
+  }
+  // Accepts every connect_request as soon as it shows up.
+  void accept_all(Duration step = 1ms, int rounds = 200) {
+    for (int i = 0; i < rounds; ++i) {
+      net.run_for(step);
+      for (const auto& e : net.events[kServer]) {
+        if (e.kind == EventKind::connect_request && accepted_.insert(e.id).second) {
+          EXPECT_TRUE(net.agent(kServer).accept(e.id, accept_params(0x200), net.now));
+        }
+      }
+    }
+  }
+  void expect_everything_gone() {
+    net.run_for(1s);
+    net.expect_quiet(kClient);
+    net.expect_quiet(kServer);
+  }
+  std::set<IbCmId> accepted_;
+};
+
+TEST_F(ClientServer, HappyPathReqRepRtuDreqDrepTimewait) {
+  const std::vector<std::uint8_t> hello{'h', 'i'};
+  const IbCmId id = connect(hello);
+  accept_all();
+  const IbCmAgentEvent* request = net.find(kServer, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  EXPECT_EQ(request->peer.qpn, 0x100u);
+  EXPECT_EQ(request->peer.guid, 0x1111u);
+  EXPECT_EQ(request->peer_address, Fabric::address(kClient));
+  EXPECT_FALSE(request->peer_to_peer);
+  ASSERT_GE(request->private_data.size(), 2u);
+  EXPECT_EQ(request->private_data[0], 'h');
+  EXPECT_EQ(request->private_data.size(), kMaxConnectPrivateData);  // §6: 56 application bytes
+
+  const IbCmAgentEvent* client = net.find(kClient, EventKind::established, id);
+  const IbCmAgentEvent* server = net.find(kServer, EventKind::established, request->id);
+  ASSERT_NE(client, nullptr);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(client->peer.qpn, 0x200u);
+  EXPECT_EQ(client->peer.comm_id, server->local_comm_id);
+  EXPECT_EQ(server->peer.comm_id, client->local_comm_id);
+  EXPECT_EQ(net.agent(kClient).state_of(id), IbCmState::established);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::rep], 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::rtu], 1);
+
+  ASSERT_TRUE(net.agent(kClient).disconnect(id, net.now));
+  EXPECT_EQ(net.agent(kClient).state_of(id), IbCmState::dreq_sent);
+  net.run_for(5ms);
+  EXPECT_EQ(net.count(kClient, EventKind::disconnected), 1);
+  EXPECT_EQ(net.count(kServer, EventKind::disconnected), 1);
+  EXPECT_EQ(net.agent(kClient).state_of(id), IbCmState::timewait);
+  EXPECT_EQ(net.count(kClient, EventKind::timewait_exit), 0);
+  net.run_for(50ms);  // timewait ≈ 33.5 ms
+  EXPECT_EQ(net.count(kClient, EventKind::timewait_exit), 1);
+  EXPECT_EQ(net.count(kServer, EventKind::timewait_exit), 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::dreq], 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::drep], 1);
+  expect_everything_gone();
+}
+
+// Each establishment and release MAD lost once (its first copy): retransmission recovers.
+class LostMad : public ClientServer, public ::testing::WithParamInterface<w::CmAttribute> {};
+
+TEST_P(LostMad, FirstCopyLostIsRecovered) {
+  const w::CmAttribute lost = GetParam();
+  bool dropped = false;
+  net.filter = [&](int, int, const OutboundMad& mad) {
+    if (attribute(mad) == lost && !dropped) {
+      dropped = true;
+      return 0;
+    }
+    return 1;
+  };
+  const IbCmId id = connect();
+  accept_all(1ms, 100);
+  ASSERT_NE(net.find(kClient, EventKind::established, id), nullptr);
+  const IbCmAgentEvent* request = net.find(kServer, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  if (lost != w::CmAttribute::rtu) {
+    ASSERT_NE(net.find(kServer, EventKind::established), nullptr);
+  }
+  ASSERT_TRUE(net.agent(kClient).disconnect(id, net.now));
+  net.run_for(200ms);
+  EXPECT_TRUE(dropped);
+  EXPECT_EQ(net.count(kClient, EventKind::established), 1);
+  EXPECT_EQ(net.count(kServer, EventKind::established), 1);  // a lost RTU: the DREQ proves it
+  EXPECT_EQ(net.count(kClient, EventKind::disconnected), 1);
+  EXPECT_EQ(net.count(kServer, EventKind::disconnected), 1);
+  EXPECT_EQ(net.count(kServer, EventKind::connect_request), 1);
+  EXPECT_GE(net.sent[lost], 2);
+  expect_everything_gone();
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryStep, LostMad,
+                         ::testing::Values(w::CmAttribute::req, w::CmAttribute::rep, w::CmAttribute::dreq,
+                                           w::CmAttribute::drep, w::CmAttribute::rtu),
+                         [](const auto& param_info) {
+                           switch (param_info.param) {
+                             case w::CmAttribute::req: return std::string("Req");
+                             case w::CmAttribute::rep: return std::string("Rep");
+                             case w::CmAttribute::dreq: return std::string("Dreq");
+                             case w::CmAttribute::drep: return std::string("Drep");
+                             default: return std::string("Rtu");
+                           }
+                         });
+
+TEST_F(ClientServer, UnansweredReqEndsUnreachableAfterMaxRetriesWithRejTimeout) {
+  net.filter = [](int from, int, const OutboundMad&) { return from == kClient ? 0 : 1; };
+  const IbCmId id = connect();
+  net.run_for(41ms);  // four waits of 2 × lifetime + response timeout ≈ 10.5 ms each
+  EXPECT_EQ(net.find(kClient, EventKind::unreachable, id), nullptr);
+  net.run_for(2ms);
+  const IbCmAgentEvent* gone = net.find(kClient, EventKind::unreachable, id);
+  ASSERT_NE(gone, nullptr);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], 1 + 3);  // Max CM Retries = 3
+  EXPECT_EQ(net.sent[w::CmAttribute::rej], 1);      // §4.9: REJ(timeout) to the peer
+  expect_everything_gone();
+}
+
+TEST_F(ClientServer, DeadPathAfterReqTimesOutBothSides) {
+  bool dead = false;
+  net.filter = [&](int, int, const OutboundMad& mad) {
+    if (attribute(mad) == w::CmAttribute::req && !dead) {
+      dead = true;
+      return 1;  // the first REQ arrives; nothing after it does
+    }
+    return dead ? 0 : 1;
+  };
+  const IbCmId id = connect();
+  accept_all(1ms, 400);
+  EXPECT_NE(net.find(kClient, EventKind::unreachable, id), nullptr);
+  EXPECT_EQ(net.count(kServer, EventKind::connect_error), 1);  // REP retries exhausted
+  EXPECT_EQ(net.sent[w::CmAttribute::rep], 1 + 3);
+  expect_everything_gone();
+}
+
+TEST_F(ClientServer, DuplicateReqIsOneRequestAndDuplicateRepResendsRtu) {
+  net.filter = [](int, int, const OutboundMad& mad) {
+    const auto a = attribute(mad);
+    return a == w::CmAttribute::req || a == w::CmAttribute::rep ? 2 : 1;
+  };
+  const IbCmId id = connect();
+  accept_all(1ms, 50);
+  EXPECT_EQ(net.count(kServer, EventKind::connect_request), 1);
+  EXPECT_EQ(net.agent(kServer).stats().duplicate_reqs, 1u);
+  EXPECT_EQ(net.count(kClient, EventKind::established), 1);
+  EXPECT_EQ(net.count(kServer, EventKind::established), 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::rtu], 2);  // §4.9 duplicate REP in ESTABLISHED: RTU again
+  ASSERT_TRUE(net.agent(kClient).disconnect(id, net.now));
+  expect_everything_gone();
+}
+
+TEST_F(ClientServer, SlowAcceptSendsMraAndTheClientWaits) {
+  const IbCmId id = connect();
+  net.run_for(60ms);  // far beyond the client's REQ timer (≈ 10.5 ms) without the MRA
+  ASSERT_EQ(net.count(kServer, EventKind::connect_request), 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::mra], 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], 1);  // the MRA stopped the resends
+  const IbCmId request = net.find(kServer, EventKind::connect_request)->id;
+  EXPECT_EQ(net.agent(kServer).state_of(request), IbCmState::mra_req_sent);
+  EXPECT_EQ(net.agent(kClient).state_of(id), IbCmState::mra_req_rcvd);
+  ASSERT_TRUE(net.agent(kServer).accept(request, accept_params(0x200), net.now));
+  net.run_for(10ms);
+  EXPECT_NE(net.find(kClient, EventKind::established, id), nullptr);
+  EXPECT_NE(net.find(kServer, EventKind::established, request), nullptr);
+}
+
+TEST_F(ClientServer, MraWithoutAnAnswerEndsWithRejTimeout) {
+  const IbCmId id = connect();
+  net.run_for(1s);
+  const IbCmAgentEvent* request = net.find(kServer, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  const IbCmId request_id = request->id;
+  EXPECT_NE(net.find(kServer, EventKind::connect_error, request_id), nullptr);
+  const IbCmAgentEvent* rejected = net.find(kClient, EventKind::rejected, id);
+  ASSERT_NE(rejected, nullptr);
+  EXPECT_EQ(rejected->reason, w::rej_reason::kTimeout);
+  EXPECT_FALSE(net.agent(kServer).accept(request_id, accept_params(0x200), net.now));
+  expect_everything_gone();
+}
+
+TEST_F(ClientServer, RejectCarriesPrivateDataToTheClient) {
+  const IbCmId id = connect();
+  net.run_for(3ms);
+  const IbCmAgentEvent* request = net.find(kServer, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  const std::vector<std::uint8_t> why{'b', 'u', 's', 'y'};
+  ASSERT_TRUE(net.agent(kServer).reject(request->id, why, net.now));
+  net.run_for(5ms);
+  const IbCmAgentEvent* rejected = net.find(kClient, EventKind::rejected, id);
+  ASSERT_NE(rejected, nullptr);
+  EXPECT_EQ(rejected->reason, w::rej_reason::kConsumerReject);
+  ASSERT_GE(rejected->private_data.size(), why.size());
+  EXPECT_TRUE(std::equal(why.begin(), why.end(), rejected->private_data.begin()));
+  expect_everything_gone();
+}
+
+TEST_F(ClientServer, NoListenerIsRejectedWithInvalidServiceId) {
+  net.agent(kServer).stop_listening(7471);
+  const IbCmId id = connect();
+  net.run_for(5ms);
+  const IbCmAgentEvent* rejected = net.find(kClient, EventKind::rejected, id);
+  ASSERT_NE(rejected, nullptr);
+  EXPECT_EQ(rejected->reason, w::rej_reason::kInvalidServiceId);
+}
+
+// §4.9: the client restarts and connects with the QPN the server still holds connected.
+TEST_F(ClientServer, StaleQpnIsRejectedAndTheOldConnectionDisconnected) {
+  const IbCmId first = connect();
+  accept_all(1ms, 10);
+  ASSERT_NE(net.find(kClient, EventKind::established, first), nullptr);
+  const IbCmAgentEvent* old = net.find(kServer, EventKind::established);
+  ASSERT_NE(old, nullptr);
+  const IbCmId old_id = old->id;
+
+  net.restart(kClient, 0x9999);
+  net.events[kClient].clear();
+  const IbCmId second = connect();
+  net.run_for(100ms);
+  const IbCmAgentEvent* rejected = net.find(kClient, EventKind::rejected, second);
+  ASSERT_NE(rejected, nullptr);
+  EXPECT_EQ(rejected->reason, w::rej_reason::kStaleConnection);
+  EXPECT_EQ(net.agent(kServer).stats().rejected_stale, 1u);
+  EXPECT_NE(net.find(kServer, EventKind::disconnected, old_id), nullptr);  // its DREQ ran out
+  expect_everything_gone();
+}
+
+TEST_F(ClientServer, UnknownDreqIsAnsweredWithDrep) {
+  const IbCmId id = connect();
+  accept_all(1ms, 10);
+  ASSERT_NE(net.find(kClient, EventKind::established, id), nullptr);
+  net.restart(kServer, 0x4242);  // the server forgets everything
+  ASSERT_TRUE(net.agent(kClient).disconnect(id, net.now));
+  net.run_for(5ms);
+  EXPECT_EQ(net.count(kClient, EventKind::disconnected), 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::dreq], 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::drep], 1);
+}
+
+TEST_F(ClientServer, TooMuchPrivateDataIsRefused) {
+  IbCmConnectParams params = connect_params(kServer, 0x100, false);
+  params.private_data.assign(kMaxConnectPrivateData + 1, 0);
+  EXPECT_FALSE(net.agent(kClient).connect(params, net.now).has_value());
+  params.peer_to_peer = true;
+  params.private_data.assign(kMaxP2pConnectPrivateData + 1, 0);
+  EXPECT_FALSE(net.agent(kClient).connect(params, net.now).has_value());
+  net.expect_quiet(kClient);
+}
+
+TEST_F(ClientServer, MalformedMadIsDroppedAndCounted) {
+  std::array<std::uint8_t, 256> junk{};
+  net.agent(kServer).handle_mad(w::ipv4_mapped_gid(Fabric::address(kClient)), junk, net.now);
+  EXPECT_EQ(net.agent(kServer).stats().malformed, 1u);
+  EXPECT_FALSE(net.agent(kServer).poll_mad().has_value());
+}
+
+}  // namespace
+}  // namespace peercm::core::ibcm::test

@@ -1,0 +1,231 @@
+// Peer-to-peer over the IB CM (design.md §3, roce-ibcm-wire.md §5): REQ/REQ collisions resolved
+// by (CA GUID, QPN) through the P2pResolver, the silent drop and the passive takeover, rule 5,
+// restarts (new incarnation) and late duplicates (rule 6).
+#include <gtest/gtest.h>
+
+#include <ostream>
+
+#include "core/ibcm/ibcm_p2p_header.hpp"
+#include "ibcm_fabric.hpp"
+#include "wire/byte_io.hpp"
+
+namespace peercm::core::ibcm::test {
+namespace {
+
+constexpr int kA = 0;
+constexpr int kB = 1;
+
+struct Order {
+  const char* name;
+  std::uint64_t guid_a, guid_b;
+  std::uint32_t qpn_a, qpn_b;
+  bool a_active;  // (guid, qpn) of A is the larger
+};
+
+void PrintTo(const Order& order, std::ostream* out) { *out << order.name; }
+
+class Collision : public ::testing::TestWithParam<Order> {};
+
+TEST_P(Collision, SimultaneousReqsEndInExactlyOneConnection) {
+  const Order o = GetParam();
+  Fabric net;
+  net.add(o.guid_a, 0xA1);
+  net.add(o.guid_b, 0xB1);
+  net.agent(kA).listen(7471);
+  net.agent(kB).listen(7471);
+  const std::vector<std::uint8_t> data_a{'a'};
+  auto pa = connect_params(kB, o.qpn_a, true);
+  pa.private_data = data_a;
+  auto ida = net.agent(kA).connect(pa, net.now);
+  auto idb = net.agent(kB).connect(connect_params(kA, o.qpn_b, true), net.now);
+  ASSERT_TRUE(ida.has_value());
+  ASSERT_TRUE(idb.has_value());
+  net.run_for(100ms);
+
+  const IbCmAgentEvent* ea = net.find(kA, EventKind::established, *ida);
+  const IbCmAgentEvent* eb = net.find(kB, EventKind::established, *idb);
+  ASSERT_NE(ea, nullptr);
+  ASSERT_NE(eb, nullptr);
+  // One connection: each side's peer is the other's connection.
+  EXPECT_EQ(ea->peer.comm_id, eb->local_comm_id);
+  EXPECT_EQ(eb->peer.comm_id, ea->local_comm_id);
+  EXPECT_EQ(ea->peer.qpn, o.qpn_b);
+  EXPECT_EQ(eb->peer.qpn, o.qpn_a);
+  for (int node : {kA, kB}) {
+    EXPECT_EQ(net.events[static_cast<std::size_t>(node)].size(), 1u) << "node " << node;  // no REQUEST, no REJECTED
+  }
+  EXPECT_EQ(net.sent[w::CmAttribute::rep], 1);  // the passive peer answered the winner's REQ
+  EXPECT_EQ(net.sent[w::CmAttribute::rej], 0);  // §5: the losing REQ is dropped silently
+  EXPECT_EQ(net.sent[w::CmAttribute::rtu], 1);
+  const int active = o.a_active ? kA : kB;
+  const int passive = o.a_active ? kB : kA;
+  EXPECT_EQ(net.agent(active).stats().p2p_dropped, 1u);
+  EXPECT_EQ(net.agent(passive).stats().p2p_bound, 1u);
+  EXPECT_EQ(net.agent(passive).resolver().stats().collisions_lost, 1u);
+  EXPECT_EQ(net.agent(active).resolver().stats().collisions_won, 1u);
+  // The passive peer kept its comm ID: the connection is the one its own REQ named (§5).
+  const IbCmAgentEvent* ep = passive == kA ? ea : eb;
+  EXPECT_EQ(ep->local_comm_id, 0x1000u * static_cast<std::uint32_t>(passive + 1));
+  // The active side got the passive side's REP private data stripped of the p2p header, and
+  // the passive side answered on behalf of its attempt with the attempt's QPN.
+  EXPECT_EQ(net.agent(kA).state_of(*ida), IbCmState::established);
+  EXPECT_EQ(net.agent(kB).state_of(*idb), IbCmState::established);
+
+  ASSERT_TRUE(net.agent(kA).disconnect(*ida, net.now));
+  net.run_for(1s);
+  EXPECT_EQ(net.count(kA, EventKind::timewait_exit), 1);
+  EXPECT_EQ(net.count(kB, EventKind::timewait_exit), 1);
+  net.expect_quiet(kA);
+  net.expect_quiet(kB);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BothOrders, Collision,
+    ::testing::Values(Order{"GuidAGreater", 0x20, 0x10, 0x100, 0x200, true},
+                      Order{"GuidBGreater", 0x10, 0x20, 0x200, 0x100, false},
+                      Order{"SameGuidQpnAGreater", 0x30, 0x30, 0x300, 0x100, true},
+                      Order{"SameGuidQpnBGreater", 0x30, 0x30, 0x100, 0x300, false}),
+    [](const auto& param_info) { return std::string(param_info.param.name); });
+
+struct P2p : ::testing::Test {
+  Fabric net;
+  void SetUp() override {
+    net.add(0x10, 0xA1);
+    net.add(0x20, 0xB1);
+    net.agent(kA).listen(7471);
+    net.agent(kB).listen(7471);
+  }
+  void accept_requests(int node, std::uint32_t qpn) {
+    for (const auto& e : net.events[static_cast<std::size_t>(node)]) {
+      if (e.kind == EventKind::connect_request && net.agent(node).state_of(e.id) == IbCmState::req_rcvd) {
+        EXPECT_TRUE(net.agent(node).accept(e.id, accept_params(qpn), net.now));
+      }
+    }
+  }
+};
+
+// Rule 4 and 5: a REQ with no local attempt is a CONNECT_REQUEST; connecting to its key then
+// fails with EALREADY; once it is established, with EISCONN.
+TEST_F(P2p, RequestWithoutAttemptIsDeliveredAndRuleFiveHolds) {
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true, 3), net.now);
+  ASSERT_TRUE(ida.has_value());
+  net.run_for(2ms);
+  const IbCmAgentEvent* request = net.find(kB, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  EXPECT_TRUE(request->peer_to_peer);
+  EXPECT_EQ(request->tag, 3u);
+  auto again = net.agent(kB).connect(connect_params(kA, 0x200, true, 3), net.now);
+  ASSERT_FALSE(again.has_value());
+  EXPECT_EQ(again.error(), std::errc::connection_already_in_progress);
+  accept_requests(kB, 0x200);
+  net.run_for(5ms);
+  ASSERT_NE(net.find(kA, EventKind::established, *ida), nullptr);
+  auto connected = net.agent(kB).connect(connect_params(kA, 0x201, true, 3), net.now);
+  ASSERT_FALSE(connected.has_value());
+  EXPECT_EQ(connected.error(), std::errc::already_connected);
+  auto other_tag = net.agent(kB).connect(connect_params(kA, 0x202, true, 4), net.now);
+  EXPECT_TRUE(other_tag.has_value());  // one connection per p2p key, and the tag is in the key
+}
+
+// Rule 6: A restarts (new incarnation, its QPNs start over) and connects again: B tears the old
+// connection down (DISCONNECTED) and the new REQ proceeds.
+TEST_F(P2p, NewIncarnationReplacesTheOldConnection) {
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true), net.now);
+  net.run_for(2ms);
+  accept_requests(kB, 0x200);
+  net.run_for(5ms);
+  ASSERT_NE(net.find(kA, EventKind::established, *ida), nullptr);
+  const IbCmAgentEvent* old = net.find(kB, EventKind::established);
+  ASSERT_NE(old, nullptr);
+  const IbCmId old_id = old->id;
+
+  net.restart(kA, 0xA2);
+  net.agent(kA).listen(7471);
+  net.events[kA].clear();
+  auto again = net.agent(kA).connect(connect_params(kB, 0x050, true), net.now);
+  ASSERT_TRUE(again.has_value());
+  net.run_for(2ms);
+  accept_requests(kB, 0x201);
+  net.run_for(20ms);
+  EXPECT_NE(net.find(kB, EventKind::disconnected, old_id), nullptr);
+  EXPECT_NE(net.find(kA, EventKind::established, *again), nullptr);
+  EXPECT_EQ(net.agent(kB).resolver().stats().replaced_restarted, 1u);
+  EXPECT_EQ(net.count(kB, EventKind::established), 2);
+}
+
+// Rule 6: a REQ of the same incarnation from an attempt no newer than the connection's (a late
+// copy under another comm ID) is rejected as a duplicate — by the CM, never delivered.
+TEST_F(P2p, SameIncarnationLateDuplicateIsRejectedNotDelivered) {
+  std::optional<OutboundMad> first_req;
+  net.filter = [&](int, int, const OutboundMad& mad) {
+    if (attribute(mad) == w::CmAttribute::req && !first_req) first_req = mad;
+    return 1;
+  };
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true), net.now);
+  net.run_for(2ms);
+  accept_requests(kB, 0x200);
+  net.run_for(5ms);
+  ASSERT_NE(net.find(kA, EventKind::established, *ida), nullptr);
+  ASSERT_TRUE(first_req.has_value());
+
+  OutboundMad copy = *first_req;
+  wire::store_be32(copy.bytes.data() + w::kMadHeaderSize, 0x7777);  // another local comm ID
+  const int requests_before = net.count(kB, EventKind::connect_request);
+  net.agent(kB).handle_mad(w::ipv4_mapped_gid(Fabric::address(kA)), copy.bytes, net.now);
+  net.run_for(5ms);
+  EXPECT_EQ(net.count(kB, EventKind::connect_request), requests_before);
+  EXPECT_EQ(net.agent(kB).stats().p2p_duplicates, 1u);
+  EXPECT_EQ(net.agent(kB).resolver().stats().rejected_duplicate, 1u);
+  EXPECT_EQ(net.sent[w::CmAttribute::rej], 1);
+  // The exact copy (same comm ID) is a plain duplicate of the live connection: ignored.
+  net.agent(kB).handle_mad(w::ipv4_mapped_gid(Fabric::address(kA)), first_req->bytes, net.now);
+  net.run_for(5ms);
+  EXPECT_EQ(net.sent[w::CmAttribute::rej], 1);
+  EXPECT_EQ(net.agent(kA).state_of(*ida), IbCmState::established);
+}
+
+// The passive peer's own REQ reaches the active peer only after the connection is up (its
+// copies were delayed): the active peer treats it as a duplicate of the connection (same comm
+// ID, §5) and stays quiet.
+TEST_F(P2p, DeadReqOfThePassivePeerArrivingLateIsIgnored) {
+  // A (GUID 0x10) is passive against B (0x20). Hold A's REQ back.
+  std::optional<OutboundMad> held;
+  net.filter = [&](int from, int, const OutboundMad& mad) {
+    if (from == kA && attribute(mad) == w::CmAttribute::req && !held) {
+      held = mad;
+      return 0;
+    }
+    return 1;
+  };
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true), net.now);
+  auto idb = net.agent(kB).connect(connect_params(kA, 0x200, true), net.now);
+  net.run_for(5ms);  // before A's REQ timer fires
+  ASSERT_NE(net.find(kA, EventKind::established, *ida), nullptr);
+  ASSERT_NE(net.find(kB, EventKind::established, *idb), nullptr);
+  ASSERT_TRUE(held.has_value());
+  net.agent(kB).handle_mad(w::ipv4_mapped_gid(Fabric::address(kA)), held->bytes, net.now);
+  net.run_for(50ms);
+  EXPECT_EQ(net.sent[w::CmAttribute::rej], 0);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], 2);  // A stopped resending its REQ
+  EXPECT_EQ(net.count(kA, EventKind::connect_request) + net.count(kB, EventKind::connect_request), 0);
+}
+
+TEST(P2pHeader, RoundTripAndRefusals) {
+  std::array<std::uint8_t, kP2pHeaderSize + 2> bytes{};
+  ASSERT_TRUE(encode_p2p_header({.tag = 0x01020304, .incarnation = 0x1122334455667788}, bytes));
+  bytes[kP2pHeaderSize] = 0xEE;
+  auto view = decode_p2p_header(bytes);
+  ASSERT_TRUE(view.has_value());
+  EXPECT_EQ(view->header.tag, 0x01020304u);
+  EXPECT_EQ(view->header.incarnation, 0x1122334455667788u);
+  EXPECT_EQ(view->application_data.size(), 2u);
+  EXPECT_EQ(view->application_data[0], 0xEE);
+  EXPECT_FALSE(decode_p2p_header(std::span(bytes).first(kP2pHeaderSize - 1)).has_value());
+  bytes[4] = 2;  // unknown version: no header
+  EXPECT_FALSE(decode_p2p_header(bytes).has_value());
+  std::array<std::uint8_t, kP2pHeaderSize - 1> small{};
+  EXPECT_FALSE(encode_p2p_header({}, small));
+}
+
+}  // namespace
+}  // namespace peercm::core::ibcm::test
