@@ -1,0 +1,360 @@
+// RC requester: segments send-queue WRs into request packets, keeps the window, and turns
+// ACKs, NAKs, read responses and the local ACK timer into completions and retransmissions
+// (roce-ibcm-wire.md §2.3-2.9).
+#include <algorithm>
+#include <cstring>
+
+#include "core/roce/rc_queue_pair.hpp"
+#include "core/roce/sge_span.hpp"
+#include "wire/roce/psn.hpp"
+
+namespace peercm::core::roce {
+
+namespace w = wire::roce;
+
+namespace {
+
+// §2.5: rxe asks for an ACK at least every 64th packet of a long message; we ask twice as
+// often so that a window of 128 never waits for a timeout to move.
+constexpr std::uint32_t kAckRequestInterval = 32;
+
+w::Opcode request_opcode(WrOpcode op, bool first, bool last) {
+  using O = w::Opcode;
+  if (op == WrOpcode::rdma_write) {
+    if (first) return last ? O::rc_rdma_write_only : O::rc_rdma_write_first;
+    return last ? O::rc_rdma_write_last : O::rc_rdma_write_middle;
+  }
+  const bool invalidate = op == WrOpcode::send_with_invalidate;
+  if (first && last) return invalidate ? O::rc_send_only_invalidate : O::rc_send_only;
+  if (first) return O::rc_send_first;
+  if (last) return invalidate ? O::rc_send_last_invalidate : O::rc_send_last;
+  return O::rc_send_middle;
+}
+
+bool is_read_response(w::Opcode op) {
+  return op == w::Opcode::rc_rdma_read_response_first || op == w::Opcode::rc_rdma_read_response_middle ||
+         op == w::Opcode::rc_rdma_read_response_last || op == w::Opcode::rc_rdma_read_response_only;
+}
+
+}  // namespace
+
+std::uint32_t RcQueuePair::read_packets(std::uint32_t length) const {
+  // §2.3, §2.9: N = max(1, ceil(L / PMTU)).
+  return length == 0 ? 1 : (length + pmtu_ - 1) / pmtu_;
+}
+
+std::uint32_t RcQueuePair::entry_end(const SendEntry& entry) const { return w::psn_add(entry.first_psn, entry.npkts); }
+
+RcQueuePair::SendEntry* RcQueuePair::entry_with_psn(std::uint32_t psn) {
+  for (SendEntry& entry : sq_) {
+    if (!entry.assigned) break;
+    if (w::psn_in_range(psn, entry.first_psn, entry.npkts)) return &entry;
+  }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------- transmit
+
+bool RcQueuePair::requester_ready() const {
+  if (!connected_ || state_ != QpState::rts || rnr_until_) return false;
+  if (tx_seq_ >= sq_base_ + sq_.size()) return false;
+  // §2.4: a bounded number of unacknowledged PSNs; an empty window admits any one message.
+  if (tx_psn_ != una_psn_ && w::psn_distance(una_psn_, tx_psn_) >= params_.send_window) return false;
+  const SendEntry& entry = sq_[tx_seq_ - sq_base_];
+  if (!entry.assigned) {
+    // verbs Fence: wait for earlier READs; §2.9: READs in flight stay within ORD.
+    if ((entry.wr.flags & kSendFence) && reads_in_flight_ > 0) return false;
+    if (entry.wr.opcode == WrOpcode::rdma_read && reads_in_flight_ >= params_.max_rd_atomic) return false;
+  }
+  return true;
+}
+
+bool RcQueuePair::next_request(TxPlan& plan) {
+  if (!requester_ready()) return false;
+  SendEntry& entry = sq_[tx_seq_ - sq_base_];
+  const bool is_read = entry.wr.opcode == WrOpcode::rdma_read;
+  if (!entry.assigned) {
+    // §2.4: one PSN per request packet, N for a READ (§2.9); new work starts at the newest PSN.
+    entry.assigned = true;
+    entry.first_psn = tx_psn_;
+    entry.npkts = read_packets(entry.length);
+    entry.read_next = entry.first_psn;
+    if (is_read) ++reads_in_flight_;
+  }
+  const std::uint32_t psn = tx_psn_;
+  if (w::psn_before(psn, sent_end_psn_)) ++stats_.retransmitted_packets;
+  plan = TxPlan{};
+  w::Bth& bth = plan.headers.bth;
+  bth.destination_qp = params_.remote_qpn;
+  bth.psn = psn;
+  const std::uint64_t offset = std::uint64_t{tx_pkt_} * pmtu_;
+  if (is_read) {
+    // §2.9: a READ resumed after lost responses asks for the remainder from the first
+    // missing PSN, VA advanced and length reduced.
+    bth.opcode = w::Opcode::rc_rdma_read_request;
+    bth.ack_request = true;
+    plan.headers.reth = w::Reth{.virtual_address = entry.wr.remote_addr + offset,
+                                .r_key = entry.wr.rkey,
+                                .dma_length = static_cast<std::uint32_t>(entry.length - offset)};
+    tx_psn_ = entry_end(entry);
+    ++tx_seq_;
+    tx_pkt_ = 0;
+  } else {
+    const bool first = tx_pkt_ == 0;
+    const bool last = tx_pkt_ + 1 == entry.npkts;
+    bth.opcode = request_opcode(entry.wr.opcode, first, last);
+    // §2.8: a resend from the middle of a message carries MIDDLE/LAST opcodes, no RETH.
+    if (entry.wr.opcode == WrOpcode::rdma_write && first)
+      plan.headers.reth = w::Reth{.virtual_address = entry.wr.remote_addr, .r_key = entry.wr.rkey, .dma_length = entry.length};
+    if (entry.wr.opcode == WrOpcode::send_with_invalidate && last) plan.headers.invalidate_rkey = entry.wr.invalidate_rkey;
+    // §1.2: SE only on the last packet of a SEND that asked for it.
+    bth.solicited_event = last && entry.wr.opcode != WrOpcode::rdma_write && (entry.wr.flags & kSendSolicited);
+    // §2.5: AckReq on every message's last packet, periodically in long ones, and on the
+    // packet that fills the window (nothing else would ask before the timer).
+    const bool fills_window = w::psn_distance(una_psn_, w::psn_next(psn)) >= params_.send_window;
+    bth.ack_request = last || tx_pkt_ % kAckRequestInterval == kAckRequestInterval - 1 || fills_window;
+    plan.offset = offset;
+    plan.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(pmtu_, entry.length - offset));
+    if (entry.wr.flags & kSendInline)
+      plan.contiguous = entry.inline_data.data();
+    else
+      plan.sges = entry.wr.sg_list;
+    tx_psn_ = w::psn_next(psn);
+    if (++tx_pkt_ == entry.npkts) {
+      ++tx_seq_;
+      tx_pkt_ = 0;
+    }
+  }
+  if (w::psn_after(tx_psn_, sent_end_psn_)) sent_end_psn_ = tx_psn_;
+  if (!ack_deadline_ && ack_timeout_ != Duration::zero()) ack_deadline_ = now_ + ack_timeout_;
+  return true;
+}
+
+// The cursor moves to `psn`: inside an entry already sent, or to the first new entry.
+void RcQueuePair::set_cursor(std::uint32_t psn) {
+  tx_psn_ = psn;
+  std::uint64_t seq = sq_base_;
+  for (const SendEntry& entry : sq_) {
+    if (!entry.assigned) break;
+    if (w::psn_in_range(psn, entry.first_psn, entry.npkts)) {
+      tx_seq_ = seq;
+      tx_pkt_ = w::psn_distance(entry.first_psn, psn);
+      return;
+    }
+    ++seq;
+  }
+  tx_seq_ = seq;
+  tx_pkt_ = 0;
+}
+
+void RcQueuePair::restart_ack_timer() {
+  if (una_psn_ != sent_end_psn_ && ack_timeout_ != Duration::zero() && !rnr_until_)
+    ack_deadline_ = now_ + ack_timeout_;
+  else
+    ack_deadline_.reset();
+}
+
+// ---------------------------------------------------------------- acknowledgement
+
+// Everything before `target` is acknowledged, except that una never passes a READ still
+// missing responses: an acknowledgement beyond it means they were lost (§2.5 implicit
+// NAK). Returns true in that case, una then being the READ's first missing PSN.
+bool RcQueuePair::advance_una(std::uint32_t target) {
+  bool clamped = false;
+  for (const SendEntry& entry : sq_) {
+    if (!entry.assigned || !w::psn_before(entry.first_psn, target)) break;
+    if (entry.wr.opcode == WrOpcode::rdma_read && entry.read_next != entry_end(entry) &&
+        w::psn_before(entry.read_next, target)) {
+      target = entry.read_next;
+      clamped = true;
+      break;
+    }
+  }
+  if (w::psn_after(target, una_psn_)) {
+    una_psn_ = target;
+    // §2.8: both retry counters start over whenever an ACK shows progress.
+    retries_left_ = params_.retry_cnt;
+    rnr_retries_left_ = params_.rnr_retry;
+    went_back_to_.reset();
+    complete_acked();
+    if (w::psn_before(tx_psn_, una_psn_)) set_cursor(una_psn_);
+    restart_ack_timer();
+  }
+  return clamped;
+}
+
+// §2.5: a SEND/WRITE completes once its last PSN is acknowledged, a READ once its last
+// response is placed; completions leave in posting order.
+void RcQueuePair::complete_acked() {
+  while (!sq_.empty()) {
+    SendEntry& entry = sq_.front();
+    if (!entry.assigned || w::psn_before(una_psn_, entry_end(entry))) break;
+    if (entry.wr.opcode == WrOpcode::rdma_read) --reads_in_flight_;
+    push_send_completion(entry);
+    sq_.pop_front();
+    ++sq_base_;
+  }
+  if (tx_seq_ < sq_base_) {
+    tx_seq_ = sq_base_;
+    tx_pkt_ = 0;
+  }
+}
+
+void RcQueuePair::go_back(std::uint32_t psn, bool counts_as_retry) {
+  if (went_back_to_ == psn) return;  // another echo of a loss we already resent for
+  if (counts_as_retry) {
+    if (retries_left_ == 0) {
+      fail_requester(RcErrorCause::retry_exceeded, una_psn_);
+      return;
+    }
+    --retries_left_;
+  }
+  went_back_to_ = psn;
+  set_cursor(psn);
+  restart_ack_timer();
+}
+
+// §2.8: on expiry, resend from the oldest unacknowledged PSN (go-back-N), one retry less.
+void RcQueuePair::requester_timeout() {
+  ack_deadline_.reset();
+  if (una_psn_ == sent_end_psn_) return;
+  ++stats_.ack_timeouts;
+  if (retries_left_ == 0) {
+    fail_requester(RcErrorCause::retry_exceeded, una_psn_);
+    return;
+  }
+  --retries_left_;
+  went_back_to_ = una_psn_;
+  set_cursor(una_psn_);
+  restart_ack_timer();
+}
+
+void RcQueuePair::fail_requester(RcErrorCause cause, std::uint32_t psn) {
+  SendEntry* entry = entry_with_psn(psn);
+  RcEvent event{cause, psn, 0, false};
+  if (entry) {
+    entry->status = wc_status_for(cause);
+    event.wr_id = entry->wr.wr_id;
+    event.has_wr = true;
+  }
+  enter_error(event);
+}
+
+// ---------------------------------------------------------------- responses
+
+void RcQueuePair::handle_response(const w::PacketView& packet) {
+  const w::Opcode op = packet.headers.bth.opcode;
+  if (op == w::Opcode::rc_acknowledge)
+    handle_ack(packet.headers.bth.psn, packet.headers.aeth);
+  else if (is_read_response(op))
+    handle_read_response(packet);
+  else
+    ++stats_.dropped_unexpected;  // ATOMIC ACKNOWLEDGE: we never send atomics
+}
+
+void RcQueuePair::handle_ack(std::uint32_t psn, const w::Aeth& aeth) {
+  // §2.4: responses carry the PSN they answer; one older than una is an echo, one never
+  // sent is bogus.
+  if (w::psn_before(psn, una_psn_) || !w::psn_before(psn, sent_end_psn_)) {
+    ++stats_.dropped_unexpected;
+    return;
+  }
+  switch (aeth.kind) {
+    case w::AethKind::ack:
+      // §2.5: coalesced: acknowledges every request up to and including psn.
+      if (advance_una(w::psn_next(psn))) go_back(una_psn_, true);
+      return;
+    case w::AethKind::rnr_nak: {
+      ++stats_.rnr_naks_received;
+      // §2.7: earlier PSNs are acknowledged; wait at least the timer, resend from psn.
+      if (advance_una(psn)) {
+        go_back(una_psn_, true);
+        return;
+      }
+      if (rnr_until_ && went_back_to_ == psn) return;  // a copy of the NAK being waited out
+      // §2.8: rnr_retry 7 retries forever.
+      if (params_.rnr_retry != 7) {
+        if (rnr_retries_left_ == 0) {
+          fail_requester(RcErrorCause::rnr_retry_exceeded, psn);
+          return;
+        }
+        --rnr_retries_left_;
+      }
+      went_back_to_ = psn;
+      set_cursor(psn);
+      ack_deadline_.reset();
+      rnr_until_ = now_ + std::chrono::microseconds(w::rnr_timer_us(aeth.value));
+      return;
+    }
+    case w::AethKind::nak: break;
+  }
+  switch (aeth.nak_code()) {
+    case w::NakCode::psn_sequence_error:
+      // §2.7: earlier PSNs acknowledged; resend from psn; counts against retry_cnt.
+      ++stats_.sequence_naks_received;
+      advance_una(psn);
+      go_back(una_psn_, true);
+      return;
+    case w::NakCode::remote_access_error:
+      advance_una(psn);
+      fail_requester(RcErrorCause::remote_access_error, psn);
+      return;
+    case w::NakCode::remote_operational_error:
+      advance_una(psn);
+      fail_requester(RcErrorCause::remote_operational_error, psn);
+      return;
+    case w::NakCode::invalid_request:
+    case w::NakCode::invalid_rd_request:
+      // §2.7: the WR fails and the QP goes to ERROR.
+      advance_una(psn);
+      fail_requester(RcErrorCause::remote_invalid_request, psn);
+      return;
+  }
+}
+
+void RcQueuePair::handle_read_response(const w::PacketView& packet) {
+  const w::Opcode op = packet.headers.bth.opcode;
+  const std::uint32_t psn = packet.headers.bth.psn;
+  if (w::psn_before(psn, una_psn_) || !w::psn_before(psn, sent_end_psn_)) {
+    ++stats_.dropped_unexpected;
+    return;
+  }
+  // §2.9: FIRST/LAST/ONLY carry an AETH that must be an ACK.
+  if (op != w::Opcode::rc_rdma_read_response_middle && packet.headers.aeth.kind != w::AethKind::ack) {
+    ++stats_.dropped_unexpected;
+    return;
+  }
+  // §2.5: a response acknowledges every earlier request; beyond a READ still missing
+  // responses it is an implicit NAK, and the READ is asked again for the remainder.
+  if (advance_una(psn)) {
+    go_back(una_psn_, true);
+    return;
+  }
+  SendEntry* entry = entry_with_psn(psn);
+  if (!entry || entry->wr.opcode != WrOpcode::rdma_read || entry->read_next != psn) {
+    ++stats_.dropped_unexpected;
+    return;
+  }
+  // §2.9: response i carries bytes [i*PMTU, ...) of the READ, whichever request asked.
+  const std::uint32_t index = w::psn_distance(entry->first_psn, psn);
+  const std::uint64_t offset = std::uint64_t{index} * pmtu_;
+  const std::uint64_t expected = std::min<std::uint64_t>(pmtu_, entry->length - offset);
+  const bool last = index + 1 == entry->npkts;
+  const bool opcode_fits = last ? (op == w::Opcode::rc_rdma_read_response_last ||
+                                   op == w::Opcode::rc_rdma_read_response_only)
+                                : (op == w::Opcode::rc_rdma_read_response_first ||
+                                   op == w::Opcode::rc_rdma_read_response_middle);
+  if (!opcode_fits || packet.payload.size() != expected) {
+    fail_requester(RcErrorCause::bad_response, psn);
+    return;
+  }
+  const std::uint8_t* source = packet.payload.data();
+  for_each_piece(entry->wr.sg_list, offset, expected, [&](std::uint8_t* target, std::size_t n) {
+    std::memcpy(target, source, n);
+    source += n;
+  });
+  entry->read_next = w::psn_next(psn);
+  advance_una(w::psn_next(psn));
+}
+
+}  // namespace peercm::core::roce

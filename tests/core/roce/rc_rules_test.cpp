@@ -1,0 +1,597 @@
+// The RC rules one at a time, on a wire the test drives by hand: segmentation and AckReq,
+// ACK coalescing, PSN wrap, sequence-error NAK, RNR NAK and rnr_retry, retry exhaustion,
+// remote access errors, READ retry and replay, ORD/IRD, Fence, duplicates, ICRC, flushing.
+#include <gtest/gtest.h>
+
+#include "rc_test_support.hpp"
+#include "wire/roce/psn.hpp"
+
+namespace peercm::core::roce::test {
+namespace {
+
+using O = w::Opcode;
+
+std::vector<w::PacketView> views(const std::vector<Bytes>& datagrams) {
+  std::vector<w::PacketView> out;
+  for (const Bytes& d : datagrams) out.push_back(Wire::view(d));
+  return out;
+}
+
+TEST(RcRules, SegmentsAtPmtuWithAckRequestOnTheLastPacket) {
+  Wire wire;  // PMTU 256
+  Mr src = wire.a.reg(1000);
+  Mr dst = wire.b.reg(1000);
+  fill_pattern(src.bytes(0, 650), 1);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 1000)}));
+  ASSERT_TRUE(wire.a.post(7, WrOpcode::send, {src.sge(0, 300), src.sge(300, 350)}));
+  const auto out = wire.drain(0);
+  const auto v = views(out);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[0].headers.bth.opcode, O::rc_send_first);
+  EXPECT_EQ(v[1].headers.bth.opcode, O::rc_send_middle);
+  EXPECT_EQ(v[2].headers.bth.opcode, O::rc_send_last);
+  EXPECT_EQ(v[0].payload.size(), 256u);
+  EXPECT_EQ(v[1].payload.size(), 256u);
+  EXPECT_EQ(v[2].payload.size(), 138u);
+  EXPECT_EQ(v[2].headers.bth.pad_count, 2);
+  EXPECT_FALSE(v[0].headers.bth.ack_request);
+  EXPECT_FALSE(v[1].headers.bth.ack_request);
+  EXPECT_TRUE(v[2].headers.bth.ack_request);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(v[i].headers.bth.psn, 100 + i);
+    EXPECT_EQ(v[i].headers.bth.destination_qp, 0x22u);
+    EXPECT_EQ(v[i].headers.bth.partition_key, 0xFFFF);
+  }
+  for (const Bytes& d : out) wire.deliver(1, d);
+  const auto acks = wire.drain(1);
+  ASSERT_EQ(acks.size(), 1u);
+  const auto ack = Wire::view(acks[0]);
+  EXPECT_EQ(ack.headers.bth.opcode, O::rc_acknowledge);
+  EXPECT_EQ(ack.headers.bth.psn, 102u);
+  EXPECT_EQ(ack.headers.aeth.kind, w::AethKind::ack);
+  EXPECT_EQ(ack.headers.aeth.msn, 1u);
+  wire.deliver(0, acks[0]);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+  EXPECT_EQ(wire.a.scq.wcs[0].byte_len, 650u);
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.b.rcq.wcs[0].byte_len, 650u);
+  EXPECT_TRUE(has_pattern(dst.bytes(0, 650), 1));
+}
+
+TEST(RcRules, ZeroLengthSendIsOneOnlyPacket) {
+  Wire wire;
+  Mr dst = wire.b.reg(16);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 16)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {}));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 1u);
+  const auto v = Wire::view(out[0]);
+  EXPECT_EQ(v.headers.bth.opcode, O::rc_send_only);
+  EXPECT_TRUE(v.payload.empty());
+  EXPECT_TRUE(v.headers.bth.ack_request);
+  wire.deliver(1, out[0]);
+  wire.settle();
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.b.rcq.wcs[0].byte_len, 0u);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+}
+
+TEST(RcRules, AcksCoalesceUpToTheNewestPsn) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64 * 5);
+  for (std::size_t i = 0; i < 5; ++i) ASSERT_TRUE(wire.b.recv(10 + i, {dst.sge(i * 64, 64)}));
+  for (std::size_t i = 0; i < 5; ++i) ASSERT_TRUE(wire.a.post(i, WrOpcode::send, {src.sge(0, 10)}));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 5u);
+  for (const Bytes& d : out) wire.deliver(1, d);  // all arrive before the responder sends
+  const auto acks = views(wire.drain(1));
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].headers.bth.psn, 104u);
+  EXPECT_EQ(acks[0].headers.aeth.msn, 5u);
+}
+
+TEST(RcRules, OneCoalescedAckCompletesEveryCoveredWr) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64 * 5);
+  for (std::size_t i = 0; i < 5; ++i) ASSERT_TRUE(wire.b.recv(10 + i, {dst.sge(i * 64, 64)}));
+  for (std::size_t i = 0; i < 5; ++i) ASSERT_TRUE(wire.a.post(i, WrOpcode::send, {src.sge(0, 10)}));
+  for (const Bytes& d : wire.drain(0)) wire.deliver(1, d);
+  const auto acks = wire.drain(1);
+  ASSERT_EQ(acks.size(), 1u);
+  wire.deliver(0, acks[0]);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(wire.a.scq.wcs[i].wr_id, static_cast<std::uint64_t>(i));
+    EXPECT_EQ(wire.a.scq.wcs[i].status, WcStatus::success);
+  }
+  EXPECT_EQ(wire.a.qp.next_deadline(), std::nullopt);  // nothing outstanding: no timer
+}
+
+TEST(RcRules, ResponderAcksLongMessagesAtABoundWithoutAckRequest) {
+  Wire wire;
+  Mr src = wire.a.reg(40 * 256);
+  Mr dst = wire.b.reg(40 * 256);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 40 * 256)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 40 * 256)}));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 40u);
+  std::vector<std::uint32_t> ack_request_psns;
+  for (const auto& v : views(out))
+    if (v.headers.bth.ack_request) ack_request_psns.push_back(v.headers.bth.psn);
+  // Every 32nd packet and the last (§2.5).
+  EXPECT_EQ(ack_request_psns, (std::vector<std::uint32_t>{131, 139}));
+  std::vector<std::uint32_t> ack_psns;
+  for (const Bytes& d : out) {
+    wire.deliver(1, d);
+    for (const auto& v : views(wire.drain(1))) ack_psns.push_back(v.headers.bth.psn);
+  }
+  // At least every 16 requests; AckReq and the message end on top.
+  EXPECT_EQ(ack_psns, (std::vector<std::uint32_t>{115, 131, 139}));
+}
+
+TEST(RcRules, PsnsWrapAround2To24InBothDirections) {
+  Wire wire(pair_params(w::kPsnMask - 2, w::kPsnMask - 1));
+  std::vector<std::uint32_t> psns_from_a;
+  wire.filter = [&](int from, const w::PacketView& v) {
+    if (from == 0 && w::is_request(v.headers.bth.opcode)) psns_from_a.push_back(v.headers.bth.psn);
+    return true;
+  };
+  Mr a_src = wire.a.reg(4096);
+  Mr a_dst = wire.a.reg(4096);
+  Mr b_src = wire.b.reg(4096);
+  Mr b_dst = wire.b.reg(4096);
+  fill_pattern(a_src.bytes(0, 4096), 11);
+  fill_pattern(b_src.bytes(0, 4096), 22);
+  ASSERT_TRUE(wire.b.recv(1, {b_dst.sge(0, 1200)}));
+  ASSERT_TRUE(wire.a.recv(2, {a_dst.sge(0, 600)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {a_src.sge(0, 1200)}));                                 // 5 PSNs
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::rdma_write, {a_src.sge(0, 700)}, 0, b_dst.addr + 2000, b_dst.key));  // 3
+  ASSERT_TRUE(wire.a.post(3, WrOpcode::rdma_read, {a_dst.sge(1000, 900)}, 0, b_src.addr, b_src.key));      // 4
+  ASSERT_TRUE(wire.b.post(4, WrOpcode::send, {b_src.sge(0, 600)}));
+  wire.run();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 3u);
+  for (const auto& wc : wire.a.scq.wcs) EXPECT_EQ(wc.status, WcStatus::success);
+  ASSERT_EQ(wire.b.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.b.scq.wcs[0].status, WcStatus::success);
+  EXPECT_TRUE(has_pattern(b_dst.bytes(0, 1200), 11));
+  EXPECT_TRUE(has_pattern(b_dst.bytes(2000, 700), 11));
+  EXPECT_TRUE(has_pattern(a_dst.bytes(1000, 900), 22));
+  EXPECT_TRUE(has_pattern(a_dst.bytes(0, 600), 22));
+  // FFFFFD FFFFFE FFFFFF 0 1 (send), 2 3 4 (write), 5 (read, 4 PSNs)
+  EXPECT_EQ(psns_from_a, (std::vector<std::uint32_t>{0xFFFFFD, 0xFFFFFE, 0xFFFFFF, 0, 1, 2, 3, 4, 5}));
+}
+
+TEST(RcRules, SequenceErrorIsNakedOncePerGapAndTheRequesterGoesBackToIt) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64 * 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    fill_pattern(src.bytes(i * 16, 16), 40 + static_cast<std::uint64_t>(i));
+    ASSERT_TRUE(wire.b.recv(10 + i, {dst.sge(i * 64, 64)}));
+    ASSERT_TRUE(wire.a.post(i, WrOpcode::send, {src.sge(i * 16, 16)}));
+  }
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 4u);
+  wire.deliver(1, out[0]);
+  wire.deliver(1, out[2]);  // PSN 102 while 101 is expected
+  wire.deliver(1, out[3]);  // still early: no second NAK
+  const auto answers = wire.drain(1);
+  const auto av = views(answers);
+  ASSERT_EQ(av.size(), 2u);
+  EXPECT_EQ(av[0].headers.aeth.kind, w::AethKind::ack);
+  EXPECT_EQ(av[0].headers.bth.psn, 100u);
+  EXPECT_EQ(av[1].headers.aeth.kind, w::AethKind::nak);
+  EXPECT_EQ(av[1].headers.aeth.nak_code(), w::NakCode::psn_sequence_error);
+  EXPECT_EQ(av[1].headers.bth.psn, 101u);
+  EXPECT_EQ(wire.b.qp.stats().sequence_naks_sent, 1u);
+
+  for (const Bytes& d : answers) wire.deliver(0, d);
+  wire.deliver(0, answers[1]);  // a copy of the NAK is an echo, not a second go-back
+  EXPECT_EQ(wire.a.qp.stats().sequence_naks_received, 2u);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);  // the ACK of 100
+  const auto resent = wire.drain(0);
+  const auto rv = views(resent);
+  ASSERT_EQ(rv.size(), 3u);
+  EXPECT_EQ(rv[0].headers.bth.psn, 101u);
+  EXPECT_EQ(rv[2].headers.bth.psn, 103u);
+  EXPECT_EQ(wire.a.qp.stats().retransmitted_packets, 3u);
+  for (const Bytes& d : resent) wire.deliver(1, d);
+  wire.settle();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 4u);
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(wire.b.rcq.wcs[i].wr_id, 10u + static_cast<std::uint64_t>(i));
+    EXPECT_TRUE(has_pattern(dst.bytes(i * 64, 16), 40 + static_cast<std::uint64_t>(i)));
+  }
+  EXPECT_EQ(wire.b.qp.stats().sequence_naks_sent, 1u);
+  EXPECT_EQ(wire.b.qp.stats().duplicate_requests, 0u);  // the early 102 and 103 were dropped, not run
+}
+
+TEST(RcRules, RnrNakWaitsTheTimerAndRnrRetry7RetriesForever) {
+  PairParams p = pair_params();
+  p.a.rnr_retry = 7;
+  p.b.min_rnr_timer = 14;  // 1.28 ms
+  Wire wire(p);
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64);
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 32)}));
+  for (int round = 0; round < 20; ++round) {
+    const auto out = wire.drain(0);
+    ASSERT_EQ(out.size(), 1u) << round;
+    EXPECT_EQ(Wire::view(out[0]).headers.bth.psn, 100u);
+    wire.deliver(1, out[0]);
+    const auto nak = wire.drain(1);
+    ASSERT_EQ(nak.size(), 1u);
+    const auto v = Wire::view(nak[0]);
+    EXPECT_EQ(v.headers.aeth.kind, w::AethKind::rnr_nak);
+    EXPECT_EQ(v.headers.aeth.value, 14);
+    EXPECT_EQ(v.headers.bth.psn, 100u);
+    wire.deliver(0, nak[0]);
+    ASSERT_EQ(wire.a.qp.next_deadline(), wire.now + std::chrono::microseconds(1280));
+    EXPECT_TRUE(wire.drain(0).empty());  // waits out the timer
+    wire.now = *wire.a.qp.next_deadline();
+    wire.a.qp.handle_timeout(wire.now);
+  }
+  ASSERT_TRUE(wire.b.recv(2, {dst.sge(0, 64)}));
+  wire.run();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+  EXPECT_EQ(wire.a.qp.stats().rnr_naks_received, 20u);
+  EXPECT_EQ(wire.b.qp.stats().rnr_naks_sent, 20u);
+}
+
+TEST(RcRules, RnrRetryExhaustedFailsTheWrAndFlushesTheRest) {
+  PairParams p = pair_params();
+  p.a.rnr_retry = 2;
+  Wire wire(p);
+  Mr src = wire.a.reg(64);
+  Mr own = wire.a.reg(64);
+  ASSERT_TRUE(wire.a.recv(50, {own.sge(0, 64)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 32)}));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::rdma_write, {src.sge(0, 32)}, 0, 0, 0));
+  wire.run();
+  EXPECT_EQ(wire.a.qp.stats().rnr_naks_received, 3u);  // the first try and two retries
+  ASSERT_EQ(wire.a.scq.wcs.size(), 2u);
+  EXPECT_EQ(wire.a.scq.wcs[0].wr_id, 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::rnr_retry_exceeded);
+  EXPECT_EQ(wire.a.scq.wcs[1].status, WcStatus::wr_flush_error);
+  ASSERT_EQ(wire.a.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.rcq.wcs[0].status, WcStatus::wr_flush_error);
+  const auto events = wire.a.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].cause, RcErrorCause::rnr_retry_exceeded);
+  EXPECT_EQ(events[0].wr_id, 1u);
+  EXPECT_EQ(wire.a.qp.state(), QpState::error);
+}
+
+TEST(RcRules, RetryExceededWhenThePeerIsGone) {
+  PairParams p = pair_params();
+  p.a.retry_cnt = 3;
+  Wire wire(p);
+  wire.filter = [](int from, const w::PacketView&) { return from != 0; };
+  Mr src = wire.a.reg(1024);
+  Mr own = wire.a.reg(64);
+  ASSERT_TRUE(wire.a.recv(50, {own.sge(0, 64)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 600)}));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, 0, 0));
+  ASSERT_TRUE(wire.a.post(3, WrOpcode::rdma_read, {src.sge(0, 100)}, 0, 0, 0));
+  wire.run();
+  EXPECT_EQ(wire.a.qp.stats().ack_timeouts, 4u);  // the first timeout and three retries
+  EXPECT_EQ(wire.now - Time{}, 4 * local_ack_timeout_duration(12));
+  EXPECT_EQ(wire.a.qp.stats().retransmitted_packets, 3u * 5u);  // 3 + 1 + 1 PSNs each retry
+  ASSERT_EQ(wire.a.scq.wcs.size(), 3u);
+  EXPECT_EQ(wire.a.scq.wcs[0].wr_id, 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::retry_exceeded);
+  EXPECT_EQ(wire.a.scq.wcs[1].status, WcStatus::wr_flush_error);
+  EXPECT_EQ(wire.a.scq.wcs[2].status, WcStatus::wr_flush_error);
+  ASSERT_EQ(wire.a.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.rcq.wcs[0].status, WcStatus::wr_flush_error);
+  const auto events = wire.a.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].cause, RcErrorCause::retry_exceeded);
+  EXPECT_EQ(events[0].psn, 100u);
+  EXPECT_EQ(wire.a.qp.next_deadline(), std::nullopt);
+  // In ERROR a new WR completes at once with a flush error.
+  ASSERT_TRUE(wire.a.post(4, WrOpcode::send, {}));
+  ASSERT_EQ(wire.a.scq.wcs.size(), 4u);
+  EXPECT_EQ(wire.a.scq.wcs[3].status, WcStatus::wr_flush_error);
+  EXPECT_TRUE(wire.drain(0).empty());
+}
+
+enum class Violation { bad_rkey, out_of_bounds, missing_right };
+
+class RcAccessError : public ::testing::TestWithParam<std::tuple<WrOpcode, Violation>> {};
+
+TEST_P(RcAccessError, IsNakedAsRemoteAccessErrorAndBothQpsEndInError) {
+  const auto [opcode, violation] = GetParam();
+  Wire wire;
+  const bool write = opcode == WrOpcode::rdma_write;
+  const std::uint32_t right = write ? kAccessRemoteWrite : kAccessRemoteRead;
+  const std::uint32_t access = violation == Violation::missing_right ? kAllAccess & ~right : kAllAccess;
+  Mr target = wire.b.reg(1024, access);
+  fill_pattern(target.bytes(0, 1024), 5);
+  Mr src = wire.a.reg(2048);
+  fill_pattern(src.bytes(0, 2048), 6);
+  std::uint64_t remote = target.addr;
+  std::uint32_t rkey = target.key;
+  std::uint32_t length = 600;
+  if (violation == Violation::bad_rkey) rkey ^= 0x80;                   // wrong key byte
+  if (violation == Violation::out_of_bounds) remote = target.addr + 500;  // 500 + 600 > 1024
+  ASSERT_TRUE(wire.a.post(1, opcode, {src.sge(0, length)}, 0, remote, rkey));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::send, {src.sge(0, 10)}));
+  wire.run();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 2u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::remote_access_error);
+  EXPECT_EQ(wire.a.scq.wcs[1].status, WcStatus::wr_flush_error);
+  const auto a_events = wire.a.events();
+  ASSERT_EQ(a_events.size(), 1u);
+  EXPECT_EQ(a_events[0].cause, RcErrorCause::remote_access_error);
+  const auto b_events = wire.b.events();
+  ASSERT_EQ(b_events.size(), 1u);
+  EXPECT_EQ(b_events[0].cause, RcErrorCause::access_violation);
+  EXPECT_EQ(wire.b.qp.state(), QpState::error);
+  EXPECT_TRUE(has_pattern(target.bytes(0, 1024), 5));  // untouched
+  if (!write) {
+    EXPECT_TRUE(has_pattern(src.bytes(0, length), 6));  // nothing placed
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WriteAndRead, RcAccessError,
+                         ::testing::Combine(::testing::Values(WrOpcode::rdma_write, WrOpcode::rdma_read),
+                                            ::testing::Values(Violation::bad_rkey, Violation::out_of_bounds,
+                                                              Violation::missing_right)));
+
+TEST(RcRules, LostReadResponseReissuesTheRemainderAndTheResponderReadsMemoryAnew) {
+  Wire wire;
+  Mr source = wire.b.reg(768);
+  fill_pattern(source.bytes(0, 768), 70);
+  Mr sink = wire.a.reg(768);
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::rdma_read, {sink.sge(0, 400), sink.sge(400, 368)}, 0, source.addr, source.key));
+  const auto request = wire.drain(0);
+  ASSERT_EQ(request.size(), 1u);
+  wire.deliver(1, request[0]);
+  const auto responses = wire.drain(1);
+  const auto rv = views(responses);
+  ASSERT_EQ(rv.size(), 3u);
+  EXPECT_EQ(rv[0].headers.bth.opcode, O::rc_rdma_read_response_first);
+  EXPECT_EQ(rv[1].headers.bth.opcode, O::rc_rdma_read_response_middle);
+  EXPECT_EQ(rv[2].headers.bth.opcode, O::rc_rdma_read_response_last);
+  wire.deliver(0, responses[0]);
+  wire.deliver(0, responses[2]);  // MIDDLE lost: LAST is beyond the gap
+  const auto reissued = wire.drain(0);
+  ASSERT_EQ(reissued.size(), 1u);
+  const auto iv = Wire::view(reissued[0]);
+  EXPECT_EQ(iv.headers.bth.opcode, O::rc_rdma_read_request);
+  EXPECT_EQ(iv.headers.bth.psn, 101u);
+  EXPECT_EQ(iv.headers.reth.virtual_address, source.addr + 256);
+  EXPECT_EQ(iv.headers.reth.dma_length, 512u);
+  // The responder executes the duplicate again: what it sends now is memory as it is now.
+  fill_pattern(source.bytes(0, 768), 71);
+  wire.deliver(1, reissued[0]);
+  EXPECT_EQ(wire.b.qp.stats().read_replays, 1u);
+  const auto replay = wire.drain(1);
+  const auto pv = views(replay);
+  ASSERT_EQ(pv.size(), 2u);
+  EXPECT_EQ(pv[0].headers.bth.psn, 101u);
+  EXPECT_EQ(pv[0].headers.bth.opcode, O::rc_rdma_read_response_first);
+  EXPECT_EQ(pv[1].headers.bth.psn, 102u);
+  EXPECT_EQ(pv[1].headers.bth.opcode, O::rc_rdma_read_response_last);
+  for (const Bytes& d : replay) wire.deliver(0, d);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+  Bytes expected_new(768);
+  fill_pattern(expected_new, 71);
+  Bytes expected_old(768);
+  fill_pattern(expected_old, 70);
+  EXPECT_TRUE(std::equal(sink.data, sink.data + 256, expected_old.begin()));
+  EXPECT_TRUE(std::equal(sink.data + 256, sink.data + 768, expected_new.begin() + 256));
+}
+
+TEST(RcRules, DuplicateSendIsAcknowledgedAgainNotExecutedAgain) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(128);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 64)}));
+  ASSERT_TRUE(wire.b.recv(2, {dst.sge(64, 64)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 20)}));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 1u);
+  wire.deliver(1, out[0]);
+  const auto first = wire.drain(1);
+  wire.deliver(1, out[0]);
+  const auto second = views(wire.drain(1));
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].headers.aeth.kind, w::AethKind::ack);
+  EXPECT_EQ(second[0].headers.bth.psn, 100u);  // ePSN - 1
+  EXPECT_EQ(wire.b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.b.qp.recv_queue_size(), 1u);
+  EXPECT_EQ(wire.b.qp.stats().duplicate_requests, 1u);
+}
+
+TEST(RcRules, BadIcrcIsDroppedAndCounted) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 64)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 20)}));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 1u);
+  Bytes corrupt = out[0];
+  corrupt[w::kBthSize + 3] ^= 0x10;
+  wire.deliver(1, corrupt);
+  // The right bytes from another source port fail the ICRC too (§1.4: ports are covered).
+  wire.b.qp.handle_datagram(out[0], kPortA + 1, wire.now);
+  EXPECT_EQ(wire.b.qp.stats().dropped_bad_icrc, 2u);
+  EXPECT_TRUE(wire.b.rcq.wcs.empty());
+  EXPECT_TRUE(wire.drain(1).empty());
+  wire.deliver(1, out[0]);
+  EXPECT_EQ(wire.b.rcq.wcs.size(), 1u);
+}
+
+TEST(RcRules, MaxRdAtomicBoundsReadsInFlight) {
+  PairParams p = pair_params();
+  p.a.max_rd_atomic = 2;
+  Wire wire(p);
+  Mr source = wire.b.reg(1000);
+  Mr sink = wire.a.reg(1000);
+  for (std::size_t i = 0; i < 5; ++i)
+    ASSERT_TRUE(wire.a.post(i, WrOpcode::rdma_read, {sink.sge(i * 100, 100)}, 0, source.addr + i * 100, source.key));
+  const auto first = views(wire.drain(0));
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(wire.a.qp.reads_in_flight(), 2u);
+  std::size_t most = 0;
+  wire.filter = [&](int, const w::PacketView&) {
+    most = std::max(most, wire.a.qp.reads_in_flight());
+    return true;
+  };
+  wire.run();  // the swallowed two come back through the ACK timer
+  EXPECT_LE(most, 2u);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 5u);
+  for (const auto& wc : wire.a.scq.wcs) EXPECT_EQ(wc.status, WcStatus::success);
+}
+
+TEST(RcRules, ResponderRefusesReadsBeyondItsResponderResources) {
+  PairParams p = pair_params();
+  p.a.max_rd_atomic = 4;
+  p.b.max_dest_rd_atomic = 1;
+  Wire wire(p);
+  Mr source = wire.b.reg(1000);
+  Mr sink = wire.a.reg(1000);
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, source.addr, source.key));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::rdma_read, {sink.sge(100, 100)}, 0, source.addr, source.key));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 2u);
+  wire.deliver(1, out[0]);
+  wire.deliver(1, out[1]);  // the first's response has not left yet
+  for (const Bytes& d : wire.drain(1)) wire.deliver(0, d);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 2u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+  EXPECT_EQ(wire.a.scq.wcs[1].status, WcStatus::remote_invalid_request_error);
+  const auto events = wire.b.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].cause, RcErrorCause::invalid_request);
+}
+
+TEST(RcRules, FenceHoldsAWrUntilEarlierReadsComplete) {
+  Wire wire;
+  Mr source = wire.b.reg(100);
+  Mr dst = wire.b.reg(100);
+  Mr sink = wire.a.reg(200);
+  ASSERT_TRUE(wire.b.recv(9, {dst.sge(0, 100)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::rdma_read, {sink.sge(0, 100)}, 0, source.addr, source.key));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::send, {sink.sge(100, 10)}, kSendFence));
+  const auto out = views(wire.drain(0));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].headers.bth.opcode, O::rc_rdma_read_request);
+  wire.run();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 2u);
+  EXPECT_EQ(wire.b.rcq.wcs.size(), 1u);
+}
+
+TEST(RcRules, SendWithInvalidateAndSolicitedEvent) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64);
+  Mr victim = wire.b.reg(64);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 64)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send_with_invalidate, {src.sge(0, 30)}, kSendSolicited, 0, 0, victim.key));
+  const auto v = views(wire.drain(0));
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].headers.bth.opcode, O::rc_send_only_invalidate);
+  EXPECT_TRUE(v[0].headers.bth.solicited_event);
+  EXPECT_EQ(v[0].headers.invalidate_rkey, victim.key);
+  wire.run();  // the swallowed packet comes back through the ACK timer
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.b.rcq.wcs[0].wc_flags, kWcWithInvalidate | kWcSolicited);
+  EXPECT_EQ(wire.b.rcq.wcs[0].invalidated_rkey, victim.key);
+  EXPECT_EQ(wire.b.rcq.solicited_events, 1);
+  EXPECT_EQ(wire.b.memory.find(victim.key), nullptr);
+}
+
+TEST(RcRules, ReceiveTooSmallIsALengthErrorAndAnInvalidRequestNak) {
+  Wire wire;
+  Mr src = wire.a.reg(512);
+  Mr dst = wire.b.reg(512);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 100)}));
+  ASSERT_TRUE(wire.b.recv(2, {dst.sge(100, 100)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 300)}));
+  wire.run();
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 2u);
+  EXPECT_EQ(wire.b.rcq.wcs[0].status, WcStatus::local_length_error);
+  EXPECT_EQ(wire.b.rcq.wcs[1].status, WcStatus::wr_flush_error);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::remote_invalid_request_error);
+}
+
+TEST(RcRules, ModifyToErrorFlushesEveryWrExactlyOnce) {
+  Wire wire;
+  wire.filter = [](int, const w::PacketView&) { return false; };
+  Mr buf = wire.a.reg(256);
+  ASSERT_TRUE(wire.a.recv(10, {buf.sge(0, 64)}));
+  ASSERT_TRUE(wire.a.recv(11, {buf.sge(64, 64)}));
+  for (std::size_t i = 0; i < 3; ++i) ASSERT_TRUE(wire.a.post(i, WrOpcode::send, {buf.sge(128, 8)}));
+  wire.settle();
+  wire.a.qp.modify_to_error();
+  wire.a.qp.modify_to_error();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(wire.a.scq.wcs[i].wr_id, static_cast<std::uint64_t>(i));
+    EXPECT_EQ(wire.a.scq.wcs[i].status, WcStatus::wr_flush_error);
+  }
+  ASSERT_EQ(wire.a.rcq.wcs.size(), 2u);
+  EXPECT_EQ(wire.a.rcq.wcs[0].wr_id, 10u);
+  EXPECT_EQ(wire.a.rcq.wcs[1].wr_id, 11u);
+  const auto events = wire.a.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].cause, RcErrorCause::modified_to_error);
+  wire.run();
+  EXPECT_EQ(wire.a.scq.wcs.size(), 3u);
+}
+
+TEST(RcRules, GatherFormCarriesTheSameBytesAsTheCopyForm) {
+  Wire one;
+  Wire two;
+  Mr s1 = one.a.reg(1000);
+  Mr s2 = two.a.reg(1000);
+  fill_pattern(s1.bytes(0, 1000), 3);
+  fill_pattern(s2.bytes(0, 1000), 3);
+  ASSERT_TRUE(one.a.post(1, WrOpcode::send, {s1.sge(0, 100), s1.sge(500, 333)}));
+  ASSERT_TRUE(two.a.post(1, WrOpcode::send, {s2.sge(0, 100), s2.sge(500, 333)}));
+  const auto copied = one.drain(0);
+  std::vector<Bytes> gathered;
+  RcDatagram d;
+  while (two.a.qp.poll_datagram(d)) {
+    Bytes bytes(d.header.begin(), d.header.begin() + static_cast<std::ptrdiff_t>(d.header_size));
+    for (const iovec& piece : d.payload) {
+      const auto* p = static_cast<const std::uint8_t*>(piece.iov_base);
+      bytes.insert(bytes.end(), p, p + piece.iov_len);
+    }
+    bytes.insert(bytes.end(), d.trailer.begin(), d.trailer.begin() + static_cast<std::ptrdiff_t>(d.trailer_size));
+    EXPECT_EQ(bytes.size(), d.size());
+    gathered.push_back(bytes);
+  }
+  EXPECT_EQ(copied, gathered);
+  ASSERT_EQ(copied.size(), 2u);  // 433 bytes at PMTU 256
+  for (const Bytes& b : copied) EXPECT_TRUE(w::decode_verified_packet(b, pseudo_from(one.params.a)).has_value());
+}
+
+TEST(RcRules, ConnectChecksParameterWidths) {
+  Node node(1);
+  RcConnectParams p = pair_params().a;
+  p.send_psn = w::kPsnModulus;
+  EXPECT_FALSE(node.qp.connect(p, Time{}).has_value());
+  p = pair_params().a;
+  p.pmtu = static_cast<w::PathMtu>(6);
+  EXPECT_FALSE(node.qp.connect(p, Time{}).has_value());
+  p = pair_params().a;
+  EXPECT_TRUE(node.qp.connect(p, Time{}).has_value());
+  EXPECT_EQ(node.qp.connect(p, Time{}).error(), std::errc::already_connected);
+}
+
+}  // namespace
+}  // namespace peercm::core::roce::test
