@@ -119,7 +119,7 @@ class FaultTest : public testing::Test {
     auto id = std::move(CmId::create(*target.context, *target.channel).value());
     EXPECT_TRUE(id->set_option(CmOption::peer_to_peer, peer_to_peer ? 1 : 0));
     EXPECT_TRUE(id->set_option(CmOption::crc, crc));
-    EXPECT_TRUE(id->set_option(CmOption::connect_timeout, 2000));
+    EXPECT_TRUE(id->set_option(CmOption::connect_timeout, 4000));
     EXPECT_TRUE(id->resolve_addr(loopback(to)));
     expect_event(*target.channel, CmEventType::addr_resolved);
     EXPECT_TRUE(id->resolve_route());
