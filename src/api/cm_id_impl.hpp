@@ -49,7 +49,8 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
 
   // listener side
   void on_listen_readable();
-  // Backlog full: closes the oldest handshake whose peer has sent nothing; false if none.
+  // Backlog full: closes the oldest silent handshake, else the oldest whose Request is still
+  // incomplete after a grace period; false if none.
   bool displace_stalled_handshake();
   void on_incoming_request(const std::shared_ptr<Connection>& conn);
   // A request the resolver let through to the application (rule 4), or any non-p2p request.

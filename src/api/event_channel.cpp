@@ -35,12 +35,17 @@ void EventChannelImpl::drain_if_empty() {
   [[maybe_unused]] auto n = ::read(event_fd, &drained, sizeof drained);
 }
 
+namespace {
+// An event is about an id when the id is its subject or, for a CONNECT_REQUEST, its listener.
+bool is_about(const CmEvent& event, const CmId* id) { return event.id == id || event.listen_id == id; }
+}  // namespace
+
 std::vector<CmEvent> EventChannelImpl::purge(CmId* id) {
   std::vector<CmEvent> removed;
   std::lock_guard lock(mutex);
   if (events.empty()) return removed;
   for (auto it = events.begin(); it != events.end();) {
-    if (it->id == id || it->listen_id == id) {
+    if (is_about(*it, id)) {
       removed.push_back(std::move(*it));
       it = events.erase(it);
     } else {
@@ -53,9 +58,7 @@ std::vector<CmEvent> EventChannelImpl::purge(CmId* id) {
 
 bool EventChannelImpl::holds_events_for(const CmId* id) {
   std::lock_guard lock(mutex);
-  for (const CmEvent& event : events)
-    if (event.id == id || event.listen_id == id) return true;
-  return false;
+  return std::any_of(events.begin(), events.end(), [id](const CmEvent& event) { return is_about(event, id); });
 }
 
 std::optional<CmEvent> EventChannelImpl::retract_request(CmId* id) {

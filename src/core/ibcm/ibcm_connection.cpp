@@ -11,6 +11,17 @@ namespace peercm::core::ibcm {
 namespace w = wire::ibcm;
 using Kind = IbCmEvent::Kind;
 
+namespace {
+// A REJ that ended establishment, with the peer's reason, private data and ARI.
+IbCmEvent rejected_event(const w::CmRej& rej, IbCmState was) {
+  return {.kind = Kind::rejected,
+          .state = was,
+          .reason = rej.reason,
+          .private_data = {rej.private_data.begin(), rej.private_data.end()},
+          .ari = {rej.ari.begin(), rej.ari.end()}};
+}
+}  // namespace
+
 const char* to_string(IbCmState state) {
   switch (state) {
     case IbCmState::idle: return "IDLE";
@@ -317,22 +328,14 @@ void IbCmConnection::handle_rej(const w::CmRej& rej, Time now) {
         deadline_.reset();
         enter(IbCmState::idle);
       }
-      events_.push_back({.kind = Kind::rejected,
-                         .state = was,
-                         .reason = rej.reason,
-                         .private_data = {rej.private_data.begin(), rej.private_data.end()},
-                         .ari = {rej.ari.begin(), rej.ari.end()}});
+      events_.push_back(rejected_event(rej, was));
       return;
     }
     case IbCmState::rep_rcvd:
     case IbCmState::mra_rep_sent: {
       const IbCmState was = state_;
       to_timewait(now);  // §4.9 [impl]: REP_RCVD, MRA_REP_SENT: REJ → TIMEWAIT
-      events_.push_back({.kind = Kind::rejected,
-                         .state = was,
-                         .reason = rej.reason,
-                         .private_data = {rej.private_data.begin(), rej.private_data.end()},
-                         .ari = {rej.ari.begin(), rej.ari.end()}});
+      events_.push_back(rejected_event(rej, was));
       return;
     }
     case IbCmState::established:
