@@ -25,6 +25,12 @@ struct CmIdImpl;
 
 class CmId;
 
+// The wire a CmId and its QP use. iwarp: MPA/DDP/RDMAP over TCP. roce: RoCEv2 (RC over
+// UDP port 4791) with the IB CM over QP1 (docs/roce-transport.md). Chosen when the id is
+// created; ids made for incoming requests take their listener's.
+enum class Transport : std::uint8_t { iwarp, roce };
+std::string_view to_string(Transport transport);
+
 enum class CmEventType : std::uint8_t {
   addr_resolved,
   addr_error,
@@ -126,8 +132,10 @@ struct CmStats {
 // A communication identifier (rdma_cm_id).
 class CmId {
  public:
+  // `transport` is fixed for the id's life; a RoCE id makes its QP with create_qp() only.
   static Result<std::unique_ptr<CmId>, std::errc> create(Context& context, EventChannel& channel,
-                                                         void* user_context = nullptr);
+                                                         void* user_context = nullptr,
+                                                         Transport transport = Transport::iwarp);
   ~CmId();
   CmId(const CmId&) = delete;
   CmId& operator=(const CmId&) = delete;
@@ -159,6 +167,7 @@ class CmId {
   void detach_qp();
 
   Context& context() const;
+  Transport transport() const;
   void* user_context() const;
   std::uint32_t number() const;  // the CmId number (p2p tie-breaker)
   sockaddr_in local_address() const;

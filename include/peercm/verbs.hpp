@@ -26,6 +26,27 @@ enum class ProgressMode : std::uint8_t {
   inline_, // the application's poll/get_event calls drive progress (lowest latency)
 };
 
+// Test hook of the RoCE transport: faults applied to every UDP datagram this context sends
+// (CM MADs and RC packets alike), as a lossy network between two contexts would. Each
+// datagram is dropped with probability `drop`, else sent twice with `duplicate`, else held
+// back with `reorder` and sent right after the next one. Zero everywhere: a clean wire.
+struct RoceFaults {
+  double drop = 0;
+  double duplicate = 0;
+  double reorder = 0;
+  std::uint64_t seed = 0;  // of the context's fault generator; the same seed, the same choices
+};
+
+// The RoCE transport's settings of a context (docs/roce-transport.md).
+struct RoceOptions {
+  // IB CM timer exponents, 4.096 us * 2^n; the defaults are Linux rdma_cm's (about 268 ms
+  // packet lifetime, 4.3 s response timeout, 15 retries). Tests shorten them.
+  std::uint8_t cm_packet_lifetime = 16;
+  std::uint8_t cm_response_timeout = 20;
+  std::uint8_t cm_max_retries = 15;
+  RoceFaults faults;
+};
+
 struct ContextOptions {
   std::uint64_t node_guid = 0;  // 0: random
   ProgressMode progress = ProgressMode::thread;
@@ -34,6 +55,7 @@ struct ContextOptions {
   // disconnecting, and an event queued at that moment would be purged with the id after a
   // poll() had already seen the channel readable (rdma_get_cm_event would then block).
   std::chrono::milliseconds timewait{200};
+  RoceOptions roce;
 };
 
 // One opened software iWARP device (a "node" of design.md §3).

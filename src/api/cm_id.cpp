@@ -1,4 +1,5 @@
-// CmId: rdma_cm semantics over MPA/TCP connections.
+// CmId: rdma_cm semantics over MPA/TCP connections; ids of Transport::roce hand each call to
+// api/roce/roce_cm.cpp.
 #include <arpa/inet.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -8,6 +9,7 @@
 #include <cerrno>
 
 #include "api/cm_id_impl.hpp"
+#include "api/roce/roce_cm.hpp"
 #include "wire/cm_header.hpp"
 
 namespace peercm {
@@ -19,6 +21,14 @@ std::atomic<bool> g_default_peer_to_peer{true};
 
 void set_default_peer_to_peer(bool on) { g_default_peer_to_peer.store(on); }
 bool default_peer_to_peer() { return g_default_peer_to_peer.load(); }
+
+std::string_view to_string(Transport transport) {
+  switch (transport) {
+    case Transport::iwarp: return "iwarp";
+    case Transport::roce: return "roce";
+  }
+  return "unknown";
+}
 
 std::string_view to_string(CmEventType type) {
   switch (type) {
@@ -376,6 +386,12 @@ void CmIdImpl::deliver_request(const std::shared_ptr<Connection>& conn, std::spa
   channel->push(std::move(event));
 }
 
+std::unique_ptr<CmId> CmIdImpl::make_public(const std::shared_ptr<CmIdImpl>& impl) {
+  std::unique_ptr<CmId> id(new CmId(impl));
+  impl->owner = id.get();
+  return id;
+}
+
 bool CmIdImpl::claim_qp(std::uint32_t qp_num) {
   auto found = ctx->standalone_qps.find(qp_num);
   if (found == ctx->standalone_qps.end()) return false;
@@ -390,8 +406,11 @@ bool CmIdImpl::claim_qp(std::uint32_t qp_num) {
 
 // --- CmId ---
 
-Result<std::unique_ptr<CmId>, std::errc> CmId::create(Context& context, EventChannel& channel, void* user_context) {
+Result<std::unique_ptr<CmId>, std::errc> CmId::create(Context& context, EventChannel& channel, void* user_context,
+                                                      Transport transport) {
+  if (transport != Transport::iwarp && transport != Transport::roce) return fail(std::errc::invalid_argument);
   auto impl = std::make_shared<detail::CmIdImpl>(context.impl_shared(), channel.impl_shared(), user_context);
+  impl->transport = transport;
   channel.impl().attach(context.impl_shared());
   impl->public_context = &context;
   std::unique_ptr<CmId> id(new CmId(impl));
@@ -410,6 +429,7 @@ CmId::~CmId() {
   impl_->owner = nullptr;
   if (impl_->timewait_timer) ctx->reactor.cancel_timer(*std::exchange(impl_->timewait_timer, std::nullopt));
   impl_->end_p2p();
+  if (impl_->transport == Transport::roce) detail::roce::release(*impl_);
   if (impl_->connection) {
     // The caller's QP outlives the id: it goes to ERROR with the connection, as iw_cm does.
     if (!impl_->qp && impl_->qp_impl) impl_->qp_impl->engine.disconnect();
@@ -484,6 +504,7 @@ Status<std::errc> CmId::listen(int backlog) {
   std::lock_guard lock(impl.ctx->mutex);
   if (impl.state != detail::CmIdImpl::State::bound && impl.state != detail::CmIdImpl::State::idle)
     return fail(std::errc::invalid_argument);
+  if (impl.transport == Transport::roce) return detail::roce::listen(impl);
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(static_cast<std::errc>(errno));
   int one = 1;
@@ -522,6 +543,10 @@ Status<std::errc> CmId::resolve_addr(const sockaddr_in& destination, std::chrono
     impl_->emit(CmEventType::addr_error, EADDRNOTAVAIL);
     return {};
   }
+  if (impl_->transport == Transport::roce) {
+    detail::roce::resolve_addr(*impl_, destination);
+    return {};
+  }
   impl_->destination = destination;
   impl_->state = detail::CmIdImpl::State::addr_resolved;
   impl_->emit(CmEventType::addr_resolved);
@@ -544,6 +569,7 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
   if (impl.state == detail::CmIdImpl::State::established) return fail(std::errc::already_connected);
   if (impl.state == detail::CmIdImpl::State::connecting) return fail(std::errc::connection_already_in_progress);
   if (impl.state != detail::CmIdImpl::State::route_resolved) return fail(std::errc::invalid_argument);
+  if (impl.transport == Transport::roce) return detail::roce::connect(impl, param, retracted);
   if (!impl.qp_impl) {
     if (!impl.claim_qp(param.qp_num)) return fail(std::errc::invalid_argument);
     impl.qp_by_number = true;
@@ -596,6 +622,7 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
 Status<std::errc> CmId::accept(const ConnParam& param) {
   auto& impl = *impl_;
   std::lock_guard lock(impl.ctx->mutex);
+  if (impl.transport == Transport::roce) return detail::roce::accept(impl, param);
   if (impl.state != detail::CmIdImpl::State::request_received || !impl.connection) return fail(std::errc::invalid_argument);
   if (param.private_data.size() > wire::kMpaMaxPrivateData - wire::kIrdOrdBlockSize)
     return fail(std::errc::invalid_argument);
@@ -613,6 +640,7 @@ Status<std::errc> CmId::accept(const ConnParam& param) {
 Status<std::errc> CmId::reject(std::span<const std::uint8_t> private_data) {
   auto& impl = *impl_;
   std::lock_guard lock(impl.ctx->mutex);
+  if (impl.transport == Transport::roce) return detail::roce::reject(impl, private_data);
   if (impl.state != detail::CmIdImpl::State::request_received || !impl.connection) return fail(std::errc::invalid_argument);
   if (private_data.size() > wire::kMpaMaxPrivateData - wire::kIrdOrdBlockSize) return fail(std::errc::invalid_argument);
   impl.ctx->stats.rejects_sent[static_cast<int>(RejectReason::application)]++;
@@ -650,6 +678,7 @@ Status<std::errc> CmId::migrate(EventChannel& channel) {
 Status<std::errc> CmId::disconnect() {
   auto& impl = *impl_;
   std::lock_guard lock(impl.ctx->mutex);
+  if (impl.transport == Transport::roce) return detail::roce::disconnect(impl);
   if (!impl.connection) return fail(std::errc::not_connected);
   if (impl.state != detail::CmIdImpl::State::established && impl.state != detail::CmIdImpl::State::disconnected &&
       impl.state != detail::CmIdImpl::State::accepting && impl.state != detail::CmIdImpl::State::connecting)
@@ -666,6 +695,13 @@ Result<QueuePair*, std::errc> CmId::create_qp(ProtectionDomain& pd, const QpInit
   auto& impl = *impl_;
   std::lock_guard lock(impl.ctx->mutex);
   if (impl.qp) return fail(std::errc::invalid_argument);
+  if (impl.transport == Transport::roce) {
+    auto made = detail::roce::create_qp(impl, pd.handle(), attr);
+    if (!made) return fail(made.error());
+    impl.qp_impl = std::move(*made);
+    impl.qp.reset(new QueuePair(impl.qp_impl));
+    return impl.qp.get();
+  }
   impl.qp_impl = std::make_shared<detail::QueuePairImpl>(impl.ctx, pd.handle(), attr);
   impl.qp.reset(new QueuePair(impl.qp_impl));
   if (impl.connection && impl.state == detail::CmIdImpl::State::connecting) impl.connection->bind_qp(impl.qp_impl);
@@ -684,6 +720,8 @@ void CmId::destroy_qp() {
 Status<std::errc> CmId::attach_qp(QueuePair& qp) {
   auto& impl = *impl_;
   std::lock_guard lock(impl.ctx->mutex);
+  // A RoCE QP is made by its CmId (create_qp): it needs the id's address for its socket.
+  if (impl.transport == Transport::roce) return fail(std::errc::invalid_argument);
   if (impl.qp || impl.qp_impl || qp.impl_->context != impl.ctx || qp.impl_->claimed)
     return fail(std::errc::invalid_argument);
   qp.impl_->claimed = true;
@@ -704,6 +742,7 @@ void CmId::detach_qp() {
 
 QueuePair* CmId::qp() const { return impl_->qp.get(); }
 Context& CmId::context() const { return *impl_->public_context; }
+Transport CmId::transport() const { return impl_->transport; }
 void* CmId::user_context() const { return impl_->user_context; }
 std::uint32_t CmId::number() const { return impl_->number; }
 

@@ -58,6 +58,9 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
                        core::LinkId link, const core::P2pKey& key, const core::NodeIdentity& peer,
                        core::AttemptId peer_cmid);
   void release_pending();
+  // The public CmId of a new id made by the stack (an incoming request): the application
+  // owns it from its CONNECT_REQUEST on.
+  static std::unique_ptr<CmId> make_public(const std::shared_ptr<CmIdImpl>& impl);
 
   std::shared_ptr<ContextImpl> ctx;
   std::shared_ptr<EventChannelImpl> channel;
@@ -102,6 +105,15 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   bool disconnected_emitted = false;
   bool timewait_emitted = false;
   std::optional<engine::Reactor::TimerId> timewait_timer;
+
+  // RoCE (api/roce/roce_cm.cpp). The agent of `roce_address` (host order) knows this id's
+  // connection as `roce_id` (0: none).
+  Transport transport = Transport::iwarp;
+  std::uint32_t roce_address = 0;
+  std::uint32_t roce_id = 0;
+  std::uint16_t roce_listen_port = 0;
+  std::uint32_t roce_psn = 0;  // our first request PSN
+  ConnParam roce_param;        // the resources connect()/accept() offered
 };
 
 }  // namespace peercm::detail

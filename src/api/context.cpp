@@ -5,6 +5,7 @@
 #include <random>
 
 #include "api/context_impl.hpp"
+#include "api/roce/roce_device.hpp"
 
 namespace peercm {
 namespace detail {
@@ -22,11 +23,16 @@ ContextImpl::ContextImpl(const ContextOptions& options)
       incarnation(random_u64()),
       mode(options.progress),
       timewait(options.timewait),
-      p2p(std::make_unique<P2pDriver>(*this)) {
+      p2p(std::make_unique<P2pDriver>(*this)),
+      roce_options(options.roce) {
   if (mode == ProgressMode::thread) reactor.start_thread();
 }
 
-ContextImpl::~ContextImpl() { reactor.stop_thread(); }
+ContextImpl::~ContextImpl() {
+  reactor.stop_thread();
+  std::lock_guard lock(mutex);  // the reactor's rule for remove() and cancel_timer()
+  roce.reset();
+}
 
 void ContextImpl::progress(std::chrono::milliseconds max_wait) {
   if (mode != ProgressMode::inline_) return;

@@ -18,6 +18,9 @@
 namespace peercm::detail {
 
 struct QueuePairImpl;
+namespace roce {
+class RoceDevice;
+}
 
 struct ContextImpl {
   explicit ContextImpl(const ContextOptions& options);
@@ -64,6 +67,9 @@ struct ContextImpl {
   std::atomic<std::uint32_t> pd_counter = 0;
   std::atomic<std::uint32_t> qp_counter = 0;
   std::atomic<std::uint32_t> cmid_counter = 0;
+  RoceOptions roce_options;
+  // The RoCE transport's sockets, agents and QP table, made by the first RoCE CmId.
+  std::unique_ptr<roce::RoceDevice> roce;
 };
 
 }  // namespace peercm::detail

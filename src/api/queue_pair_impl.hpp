@@ -1,4 +1,4 @@
-// A queue pair: the RDMAP/DDP engine plus the completion queues it reports to, and a hook
+// A queue pair: the RDMAP/DDP engine (or, over RoCE, the RC core) plus the completion queues it reports to, and a hook
 // to the connection that carries it once the CM has bound one.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include "api/completion_queue_impl.hpp"
 #include "api/context_impl.hpp"
 #include "api/shared_receive_queue_impl.hpp"
+#include "api/roce/roce_qp.hpp"
 #include "core/queue_pair_engine.hpp"
 
 namespace peercm::detail {
@@ -23,6 +24,8 @@ struct QueuePairImpl {
   QpCaps caps;
   std::uint32_t qp_num;
   core::QueuePairEngine engine;
+  // A QP of a RoCE CmId runs on this RC core instead of `engine`, which then stays idle.
+  std::unique_ptr<roce::RoceQp> roce;
   // Set by the connection carrying this QP: pushes pending bytes to the socket.
   // Called with the context lock held.
   std::function<void()> kick_transmit;

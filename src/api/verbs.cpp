@@ -146,24 +146,35 @@ const QpCaps& QueuePair::caps() const { return impl_->caps; }
 
 QpState QueuePair::state() const {
   std::lock_guard lock(impl_->context->mutex);
+  if (impl_->roce) return impl_->roce->rc.state();
   return impl_->engine.state();
 }
 
 Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   std::lock_guard lock(impl_->context->mutex);
-  auto posted = impl_->engine.post_send(wr);
+  auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine.post_send(wr);
   if (posted && impl_->kick_transmit) impl_->kick_transmit();
   return posted;
 }
 
 Status<std::errc> QueuePair::post_recv(const RecvWr& wr) {
   std::lock_guard lock(impl_->context->mutex);
+  if (impl_->roce) {
+    auto posted = impl_->roce->rc.post_recv(wr);
+    // A receive may end an RNR wait or complete at once in ERROR.
+    if (posted && impl_->kick_transmit) impl_->kick_transmit();
+    return posted;
+  }
   return impl_->engine.post_recv(wr);
 }
 
 void QueuePair::to_error() {
   std::lock_guard lock(impl_->context->mutex);
-  impl_->engine.disconnect();
+  if (impl_->roce) {
+    impl_->roce->rc.modify_to_error();
+  } else {
+    impl_->engine.disconnect();
+  }
   if (impl_->kick_transmit) impl_->kick_transmit();
 }
 

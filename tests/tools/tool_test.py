@@ -12,6 +12,7 @@
 import argparse
 import json
 import math
+import random
 import re
 import subprocess
 import sys
@@ -27,8 +28,13 @@ def fail(message):
 
 
 def run_ping(args):
+    # A RoCE node is an address with one socket on UDP 4791: a random 127/8 one per test.
+    host = "127.0.0.1"
+    if args.transport == "roce":
+        host = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
     server = subprocess.Popen(
-        [args.peercm, "ping", "--server", "--bind", "127.0.0.1", "--port", "0", "--once", "--crc", args.crc],
+        [args.peercm, "ping", "--server", "--bind", host, "--port", "0", "--once", "--crc", args.crc,
+         "--transport", args.transport],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # The server reports "listening on ADDR:PORT" on stderr once it listens.
@@ -51,8 +57,9 @@ def run_ping(args):
             time.sleep(0.01)
         port = found["port"]
 
-        client_cmd = [args.peercm, "ping", "--client", "127.0.0.1", "--port", str(port), "--op", args.op,
-                      "--size", str(args.size), "--count", str(args.count), "--crc", args.crc, "--json"]
+        client_cmd = [args.peercm, "ping", "--client", host, "--port", str(port), "--op", args.op,
+                      "--size", str(args.size), "--count", str(args.count), "--crc", args.crc,
+                      "--transport", args.transport, "--json"]
         try:
             client = subprocess.run(client_cmd, capture_output=True, text=True,
                                     timeout=DEADLINE - (time.monotonic() - start) - 1)
@@ -90,7 +97,7 @@ def run_ping(args):
 
 def run_perf(args):
     cmd = [args.peercm, "perf", "--loopback", "--op", args.op, "--mode", args.mode, "--size", str(args.size),
-           "--iters", str(args.iters), "--json"]
+           "--iters", str(args.iters), "--transport", args.transport, "--json"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE)
     except subprocess.TimeoutExpired:
@@ -128,12 +135,14 @@ def main():
     ping.add_argument("--size", type=int, default=64)
     ping.add_argument("--count", type=int, default=20)
     ping.add_argument("--crc", choices=["on", "off"], default="on")
+    ping.add_argument("--transport", default="iwarp", choices=["iwarp", "roce"])
     perf = sub.add_parser("perf")
     perf.add_argument("--peercm", required=True)
     perf.add_argument("--op", default="send", choices=["send", "write", "read"])
     perf.add_argument("--mode", default="lat", choices=["lat", "bw"])
     perf.add_argument("--size", type=int, default=8)
     perf.add_argument("--iters", type=int, default=200)
+    perf.add_argument("--transport", default="iwarp", choices=["iwarp", "roce"])
     args = parser.parse_args()
     if args.what == "ping":
         run_ping(args)

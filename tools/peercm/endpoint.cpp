@@ -134,7 +134,9 @@ std::optional<std::size_t> find_mismatch(std::span<const std::uint8_t> bytes, st
 
 // --- resources ---
 
-Device::Device(ProgressMode mode) {
+Transport transport_option(const std::string& name) { return name == "roce" ? Transport::roce : Transport::iwarp; }
+
+Device::Device(ProgressMode mode, Transport transport_to_use) : transport(transport_to_use) {
   auto ctx = Context::open(ContextOptions{.progress = mode});
   if (!ctx) throw_errc("Context::open", ctx.error());
   context = std::move(*ctx);
@@ -381,12 +383,18 @@ void Endpoint::close(std::chrono::milliseconds timeout) {
 }
 
 std::unique_ptr<CmId> resolve(Device& device, const sockaddr_in& destination, std::optional<std::int64_t> crc) {
-  auto created = CmId::create(*device.context, *device.channel);
+  auto created = CmId::create(*device.context, *device.channel, nullptr, device.transport);
   if (!created) throw_errc("CmId::create", created.error());
   std::unique_ptr<CmId> id = std::move(*created);
   if (crc) {
     auto ok = id->set_option(CmOption::crc, *crc);
     if (!ok) throw_errc("set_option(crc)", ok.error());
+  }
+  if (device.transport == Transport::roce) {
+    // A RoCE REQ carries 56 private bytes, of which the p2p header takes 20: the tools'
+    // hellos need more, and their client/server runs no p2p.
+    auto off = id->set_option(CmOption::peer_to_peer, 0);
+    if (!off) throw_errc("set_option(peer_to_peer)", off.error());
   }
   auto ok = id->resolve_addr(destination);
   if (!ok) throw_errc("resolve_addr", ok.error());
@@ -398,7 +406,7 @@ std::unique_ptr<CmId> resolve(Device& device, const sockaddr_in& destination, st
 }
 
 std::unique_ptr<CmId> listen_on(Device& device, const sockaddr_in& address, std::optional<std::int64_t> crc) {
-  auto created = CmId::create(*device.context, *device.channel);
+  auto created = CmId::create(*device.context, *device.channel, nullptr, device.transport);
   if (!created) throw_errc("CmId::create", created.error());
   std::unique_ptr<CmId> id = std::move(*created);
   if (crc) {

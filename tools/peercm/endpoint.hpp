@@ -105,9 +105,14 @@ std::optional<std::size_t> find_mismatch(std::span<const std::uint8_t> bytes, st
 
 // --- verbs/CM resources ---
 
+// "iwarp" or "roce" (--transport).
+Transport transport_option(const std::string& name);
+
 // One opened context and its CM event channel.
+// Its CmIds (resolve, listen_on) use `transport`.
 struct Device {
-  explicit Device(ProgressMode mode);
+  explicit Device(ProgressMode mode, Transport transport = Transport::iwarp);
+  Transport transport;
   std::unique_ptr<Context> context;
   std::unique_ptr<EventChannel> channel;
 };

@@ -23,6 +23,7 @@
 #include <exception>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -480,6 +481,7 @@ struct PerfOptions {
   std::uint32_t window = 64;
   std::string crc;
   std::string progress = "thread";
+  std::string transport = "iwarp";
   std::int64_t spin_us = -1;
   std::string wait = "poll";
   bool json = false;
@@ -564,16 +566,25 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
   }
 }
 
+std::string random_loopback_host() {
+  std::random_device random;
+  return fmt::format("127.{}.{}.{}", 1 + random() % 254, random() % 256, 1 + random() % 254);
+}
+
 int run_loopback(const PerfOptions& o) {
   const PerfParams p = params_from(o);
   const auto crc = crc_option(o.crc);
   const ProgressMode mode = progress_option(o.progress);
-  Device server_device(mode);
-  Device client_device(mode);
+  const Transport transport = transport_option(o.transport);
+  Device server_device(mode, transport);
+  Device client_device(mode, transport);
   const std::uint16_t port = o.loopback && o.port != kDefaultPort ? o.port : 0;
-  auto listener = listen_on(server_device, *parse_address("127.0.0.1", port), crc);
+  // A RoCE node is an address, and (address, 4791) one socket: the server takes a random
+  // 127/8 address so that runs side by side do not collide (the client gets its own).
+  const std::string server_host = transport == Transport::roce ? random_loopback_host() : "127.0.0.1";
+  auto listener = listen_on(server_device, *parse_address(server_host, port), crc);
   Socket tcp_listener = tcp_listen(*parse_address("127.0.0.1", port ? static_cast<std::uint16_t>(port + 1) : 0));
-  const sockaddr_in peercm_dst = *parse_address("127.0.0.1", ntohs(listener->local_address().sin_port));
+  const sockaddr_in peercm_dst = *parse_address(server_host, ntohs(listener->local_address().sin_port));
   const sockaddr_in tcp_dst = *parse_address("127.0.0.1", local_port(tcp_listener));
 
   std::string server_error;
@@ -605,7 +616,7 @@ int run_client(const PerfOptions& o) {
   const auto peercm_dst = parse_address(o.client, o.port);
   const auto tcp_dst = parse_address(o.client, static_cast<std::uint16_t>(o.port + 1));
   if (!peercm_dst || !tcp_dst) throw ToolError(fmt::format("cannot resolve '{}'", o.client));
-  Device device(progress_option(o.progress));
+  Device device(progress_option(o.progress), transport_option(o.transport));
   const Results results = run_client_side(device, *peercm_dst, *tcp_dst, crc_option(o.crc), p);
   print_results(o, p, results);
   return 0;
@@ -614,7 +625,7 @@ int run_client(const PerfOptions& o) {
 int run_server(const PerfOptions& o) {
   const auto address = parse_address(o.bind, o.port);
   if (!address) throw ToolError(fmt::format("cannot resolve bind address '{}'", o.bind));
-  Device device(progress_option(o.progress));
+  Device device(progress_option(o.progress), transport_option(o.transport));
   auto listener = listen_on(device, *address, crc_option(o.crc));
   sockaddr_in tcp_address = *address;
   tcp_address.sin_port = htons(static_cast<std::uint16_t>(ntohs(listener->local_address().sin_port) + 1));
@@ -663,6 +674,8 @@ void add_perf(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--progress", o->progress, "Progress mode of the peercm contexts")
       ->check(CLI::IsMember({"thread", "inline"}));
+  cmd->add_option("--transport", o->transport, "iwarp (MPA over TCP) or roce (RoCEv2 over UDP 4791)")
+      ->check(CLI::IsMember({"iwarp", "roce"}));
   cmd->add_option("--spin-us", o->spin_us,
                   "Idle busy polls spin this long before yielding the CPU or, with --wait hybrid, "
                   "sleeping (-1: 0 with progress threads, 50 inline or hybrid)");

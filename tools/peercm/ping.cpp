@@ -59,6 +59,7 @@ struct PingOptions {
   std::uint32_t count = 10;
   std::string crc;
   std::string progress = "thread";
+  std::string transport = "iwarp";
   bool json = false;
   bool verbose = false;
 };
@@ -267,7 +268,7 @@ std::uint32_t serve_client(Device& device, EventStash& stash, CmEvent request, c
 int run_server(const PingOptions& opts) {
   const auto address = parse_address(opts.bind, opts.port);
   if (!address) throw ToolError(fmt::format("cannot resolve bind address '{}'", opts.bind));
-  Device device(progress_option(opts.progress));
+  Device device(progress_option(opts.progress), transport_option(opts.transport));
   auto listener = listen_on(device, *address, crc_option(opts.crc));
   fmt::print(stderr, "peercm ping: listening on {}\n", format_address(listener->local_address()));
   std::fflush(stderr);
@@ -300,7 +301,7 @@ struct ClientResult {
 void run_client_iterations(const PingOptions& opts, Op op, ClientResult& result) {
   const auto destination = parse_address(opts.client, opts.port);
   if (!destination) throw ToolError(fmt::format("cannot resolve '{}'", opts.client));
-  Device device(progress_option(opts.progress));
+  Device device(progress_option(opts.progress), transport_option(opts.transport));
   Endpoint ep(device, resolve(device, *destination, crc_option(opts.crc)), ping_config());
   const std::size_t size = opts.size;
   Buffer& tx = ep.add_buffer(size);
@@ -421,6 +422,8 @@ void add_ping(CLI::App& app) {
   cmd->add_option("--crc", opts->crc, "MPA CRC: on (required) or off (default: preferred)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--progress", opts->progress, "Progress mode")->check(CLI::IsMember({"thread", "inline"}));
+  cmd->add_option("--transport", opts->transport, "iwarp (MPA over TCP) or roce (RoCEv2 over UDP 4791)")
+      ->check(CLI::IsMember({"iwarp", "roce"}));
   cmd->add_flag("--json", opts->json, "Print the result as JSON");
   cmd->add_flag("-v,--verbose", opts->verbose, "Report connections on stderr");
   cmd->callback([opts] {

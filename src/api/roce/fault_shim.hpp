@@ -1,0 +1,48 @@
+// The RoceFaults test hook: every datagram a context sends passes through here, and may be
+// dropped, sent twice, or held back until the next one left (a lossy shim between contexts).
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "peercm/verbs.hpp"
+
+namespace peercm::detail::roce {
+
+class FaultShim {
+ public:
+  explicit FaultShim(const RoceFaults& faults);
+
+  // One datagram to `to` from socket `fd`. A socket that refuses it (a full send buffer)
+  // loses it, as a congested link would: the CM and RC resend.
+  void send(int fd, const sockaddr_in& to, std::span<const iovec> pieces);
+  // A datagram held back for reordering leaves now if nothing followed it: the end of each
+  // round of sending, so a hold never turns into a loss (nor outlives its socket).
+  void release_held();
+
+  std::uint64_t send_failures() const { return send_failures_; }
+
+ private:
+  struct Held {
+    int fd = -1;
+    sockaddr_in to{};
+    std::vector<std::uint8_t> bytes;
+  };
+
+  void transmit(int fd, const sockaddr_in& to, std::span<const iovec> pieces);
+  bool roll(double probability);
+
+  RoceFaults faults_;
+  bool active_;
+  std::mt19937_64 random_;
+  std::optional<Held> held_;
+  std::uint64_t send_failures_ = 0;
+};
+
+}  // namespace peercm::detail::roce

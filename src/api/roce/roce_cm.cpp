@@ -1,0 +1,388 @@
+#include "api/roce/roce_cm.hpp"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <random>
+
+#include "api/cm_id_impl.hpp"
+#include "api/roce/roce_device.hpp"
+#include "api/roce/roce_qp.hpp"
+
+namespace peercm::detail::roce {
+
+namespace {
+
+using core::ibcm::IbCmAgentEvent;
+
+// PMTU 4096 on loopback (lo's MTU is 64 KiB); 1024 elsewhere, so that a datagram fits a
+// 1500-byte Ethernet MTU without fragmenting. Both ends apply the same rule to the same
+// pair of addresses, so they agree without a field for it.
+wire::roce::PathMtu path_mtu_between(Ipv4 local, Ipv4 remote) {
+  return is_loopback(local) && is_loopback(remote) ? wire::roce::PathMtu::mtu4096 : wire::roce::PathMtu::mtu1024;
+}
+
+std::uint32_t random_psn() {
+  std::random_device random;
+  return random() & 0xFFFFFF;
+}
+
+sockaddr_in socket_address(Ipv4 address, std::uint16_t port) {
+  sockaddr_in out{};
+  out.sin_family = AF_INET;
+  out.sin_addr.s_addr = htonl(address);
+  out.sin_port = htons(port);
+  return out;
+}
+
+RocePort* port_of(CmIdImpl& id) { return device_of(*id.ctx).find_port(id.roce_address); }
+
+// The agent is done with this id: later events about its number are not ours.
+void end_agent_id(CmIdImpl& id) {
+  if (id.roce_id == 0) return;
+  device_of(*id.ctx).forget_id(id.roce_address, id.roce_id);
+  id.roce_id = 0;
+}
+
+void qp_to_error(CmIdImpl& id) {
+  if (id.qp_impl && id.qp_impl->roce) id.qp_impl->roce->rc.modify_to_error();
+}
+
+// ESTABLISHED: RTR and RTS with what the REQ/REP exchange agreed.
+bool start_queue_pair(CmIdImpl& id, const IbCmAgentEvent& event) {
+  if (!id.qp_impl || !id.qp_impl->roce) return false;
+  RoceQp& qp = *id.qp_impl->roce;
+  qp.remote_address = from_bytes(event.peer_address);
+  core::roce::RcConnectParams params;
+  params.local_qpn = qp.qpn;
+  params.remote_qpn = event.peer.qpn;
+  params.send_psn = id.roce_psn;
+  params.recv_psn = event.peer.starting_psn;
+  params.pmtu = path_mtu_between(qp.local_address, qp.remote_address);
+  // Our reads in flight stay within what the peer keeps contexts for, and we keep as many
+  // as we offered.
+  params.max_rd_atomic = static_cast<std::uint8_t>(
+      std::max(1, std::min<int>(id.roce_param.initiator_depth, event.peer.responder_resources)));
+  params.max_dest_rd_atomic = static_cast<std::uint8_t>(std::max<int>(1, id.roce_param.responder_resources));
+  params.rnr_retry = event.peer.rnr_retry_count & 7;
+  params.local_ip = to_bytes(qp.local_address);
+  params.remote_ip = event.peer_address;
+  params.udp_source_port = qp.source_port;
+  return qp.rc.connect(params, now()).has_value();
+}
+
+ConnParam event_param(const IbCmAgentEvent& event) {
+  ConnParam param;
+  param.private_data = event.private_data;
+  // As the peer sees them (rdma_cm swaps them in events).
+  param.responder_resources = event.peer.initiator_depth;
+  param.initiator_depth = event.peer.responder_resources;
+  param.qp_num = event.peer.qpn;
+  return param;
+}
+
+void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
+  auto listener = device.find_listener(port.address, event.port);
+  if (!listener || !listener->owner) {
+    (void)port.agent.reject(event.id, {}, now());
+    return;
+  }
+  auto child_impl = std::make_shared<CmIdImpl>(listener->ctx, listener->channel, listener->user_context);
+  child_impl->public_context = listener->public_context;
+  child_impl->transport = Transport::roce;
+  child_impl->state = CmIdImpl::State::request_received;
+  child_impl->peer_to_peer = event.peer_to_peer;
+  child_impl->tag = event.tag;
+  child_impl->listener = listener;
+  child_impl->roce_id = event.id;
+  child_impl->roce_address = port.address;
+  child_impl->bound_address = socket_address(port.address, event.port);
+  child_impl->peer = socket_address(from_bytes(event.peer_address), 0);
+  device.track_id(port.address, event.id, child_impl);
+  std::unique_ptr<CmId> child = CmIdImpl::make_public(child_impl);
+  CmEvent out;
+  out.type = CmEventType::connect_request;
+  out.id = child.get();
+  out.listen_id = listener->owner;
+  out.param = event_param(event);
+  out.new_id = std::move(child);
+  child_impl->channel->push(std::move(out));
+}
+
+RejectReason reject_reason(std::uint16_t reason) {
+  switch (reason) {
+    case 28: return RejectReason::application;  // consumer reject (§6 rdma_reject)
+    case 8: return RejectReason::refused;       // invalid service ID: nobody listens
+    case 4: return RejectReason::timeout;
+    default: return RejectReason::invalid;
+  }
+}
+
+}  // namespace
+
+RoceDevice& device_of(ContextImpl& ctx) {
+  if (!ctx.roce) ctx.roce = std::make_unique<RoceDevice>(ctx, ctx.roce_options);
+  return *ctx.roce;
+}
+
+Status<std::errc> listen(CmIdImpl& id) {
+  if (!id.bound_address || id.bound_address->sin_addr.s_addr == htonl(INADDR_ANY))
+    return fail(std::errc::address_not_available);  // a RoCE node is one address
+  RoceDevice& device = device_of(*id.ctx);
+  const Ipv4 address = ntohl(id.bound_address->sin_addr.s_addr);
+  auto port = device.port(address);
+  if (!port) return fail(port.error());
+  std::uint16_t service = ntohs(id.bound_address->sin_port);
+  if (service == 0) service = device.ephemeral_service_port(address);
+  if (service == 0 || device.find_listener(address, service)) return fail(std::errc::address_in_use);
+  (*port)->agent.listen(service);
+  device.track_listener(address, service, id.shared_from_this());
+  if (device.p2p_listen_port == 0) device.p2p_listen_port = service;
+  id.roce_address = address;
+  id.roce_listen_port = service;
+  id.bound_address = socket_address(address, service);
+  id.state = CmIdImpl::State::listening;
+  return {};
+}
+
+void resolve_addr(CmIdImpl& id, const sockaddr_in& destination) {
+  RoceDevice& device = device_of(*id.ctx);
+  Ipv4 source = 0;
+  if (id.bound_address && id.bound_address->sin_addr.s_addr != htonl(INADDR_ANY)) {
+    source = ntohl(id.bound_address->sin_addr.s_addr);
+  } else {
+    auto chosen = device.source_for(ntohl(destination.sin_addr.s_addr));
+    if (!chosen) {
+      id.emit(CmEventType::addr_error, static_cast<int>(chosen.error()));
+      return;
+    }
+    source = *chosen;
+  }
+  if (auto port = device.port(source); !port) {
+    id.emit(CmEventType::addr_error, static_cast<int>(port.error()));
+    return;
+  }
+  id.roce_address = source;
+  id.bound_address = socket_address(source, id.bound_address ? ntohs(id.bound_address->sin_port) : 0);
+  id.destination = destination;
+  id.state = CmIdImpl::State::addr_resolved;
+  id.emit(CmEventType::addr_resolved);
+}
+
+Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::uint32_t pd, const QpInitAttr& attr) {
+  // The QP's packets leave from the id's address: known once it is resolved or requested.
+  if (id.roce_address == 0 || attr.srq) return fail(std::errc::invalid_argument);
+  auto impl = std::make_shared<QueuePairImpl>(id.ctx, pd, attr);
+  auto roce = RoceQp::open(core::roce::RcQpConfig{.pd = pd, .caps = attr.caps, .signal_all = attr.sq_sig_all},
+                           id.ctx->memory, *impl->send_cq, *impl->recv_cq, kFirstDataQpn + impl->qp_num,
+                           id.roce_address);
+  if (!roce) return fail(roce.error());
+  impl->roce = std::move(*roce);
+  impl->roce->owner = id.weak_from_this();
+  device_of(*id.ctx).add_qp(impl);
+  return impl;
+}
+
+namespace {
+
+// design.md §3 rule 5 makes connect() EALREADY while the peer's request with our key is
+// undecided. When that request is still a CONNECT_REQUEST the application has not fetched
+// (the peer's REQ simply arrived first), the iWARP binding takes it back and lets the
+// attempt meet it; here the attempt answers it: the request's agent id becomes the
+// attempt's, accepted with the attempt's QP, and the application sees ESTABLISHED on the
+// id it connected with, the peer on its own attempt. One connection either way.
+Status<std::errc> adopt_unseen_request(CmIdImpl& id, RocePort& port, const ConnParam& param,
+                                       std::optional<CmEvent>& retracted) {
+  RoceDevice& device = device_of(*id.ctx);
+  auto request = device.find_p2p_request(id.roce_address, ntohl(id.destination.sin_addr.s_addr), id.tag);
+  if (!request) return fail(std::errc::connection_already_in_progress);
+  retracted = request->channel->retract_request(request->owner);
+  if (!retracted) return fail(std::errc::connection_already_in_progress);  // the application has it
+  const core::ibcm::IbCmId agent_id = request->roce_id;
+  end_agent_id(*request);
+  request->state = CmIdImpl::State::idle;
+  core::ibcm::IbCmAcceptParams reply;
+  reply.qpn = id.qp_impl->roce->qpn;
+  reply.starting_psn = random_psn();
+  reply.responder_resources = param.responder_resources;
+  reply.initiator_depth = param.initiator_depth;
+  reply.private_data = param.private_data;
+  if (auto accepted = port.agent.accept(agent_id, reply, now()); !accepted) return fail(accepted.error());
+  id.roce_id = agent_id;
+  id.roce_psn = reply.starting_psn;
+  id.roce_param = param;
+  id.peer = id.destination;
+  device.track_id(id.roce_address, id.roce_id, id.shared_from_this());
+  id.state = CmIdImpl::State::connecting;
+  device.pump();
+  return {};
+}
+
+}  // namespace
+
+Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<CmEvent>& retracted) {
+  if (!id.qp_impl || !id.qp_impl->roce) return fail(std::errc::invalid_argument);
+  RocePort* port = port_of(id);
+  if (!port) return fail(std::errc::invalid_argument);
+  RoceDevice& device = device_of(*id.ctx);
+  core::ibcm::IbCmConnectParams request;
+  request.destination = to_bytes(ntohl(id.destination.sin_addr.s_addr));
+  request.port = ntohs(id.destination.sin_port);
+  request.source_port = device.p2p_listen_port;
+  request.tag = id.tag;
+  request.peer_to_peer = id.peer_to_peer;
+  request.qpn = id.qp_impl->roce->qpn;
+  request.starting_psn = random_psn();
+  request.responder_resources = param.responder_resources;
+  request.initiator_depth = param.initiator_depth;
+  request.path_mtu = static_cast<std::uint8_t>(path_mtu_between(id.roce_address, ntohl(id.destination.sin_addr.s_addr)));
+  request.private_data = param.private_data;
+  auto agent_id = port->agent.connect(request, now());
+  if (!agent_id && agent_id.error() == std::errc::connection_already_in_progress && id.peer_to_peer)
+    return adopt_unseen_request(id, *port, param, retracted);
+  if (!agent_id) return fail(agent_id.error());
+  id.roce_id = *agent_id;
+  id.roce_psn = request.starting_psn;
+  id.roce_param = param;
+  id.peer = id.destination;
+  device.track_id(id.roce_address, id.roce_id, id.shared_from_this());
+  id.state = CmIdImpl::State::connecting;
+  device.pump();
+  return {};
+}
+
+Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) {
+  if (id.state != CmIdImpl::State::request_received || id.roce_id == 0) return fail(std::errc::invalid_argument);
+  if (!id.qp_impl || !id.qp_impl->roce) return fail(std::errc::invalid_argument);
+  RocePort* port = port_of(id);
+  if (!port) return fail(std::errc::invalid_argument);
+  core::ibcm::IbCmAcceptParams reply;
+  reply.qpn = id.qp_impl->roce->qpn;
+  reply.starting_psn = random_psn();
+  reply.responder_resources = param.responder_resources;
+  reply.initiator_depth = param.initiator_depth;
+  reply.private_data = param.private_data;
+  if (auto accepted = port->agent.accept(id.roce_id, reply, now()); !accepted) return fail(accepted.error());
+  id.roce_psn = reply.starting_psn;
+  id.roce_param = param;
+  id.state = CmIdImpl::State::accepting;
+  device_of(*id.ctx).pump();
+  return {};
+}
+
+Status<std::errc> reject(CmIdImpl& id, std::span<const std::uint8_t> private_data) {
+  if (id.state != CmIdImpl::State::request_received || id.roce_id == 0) return fail(std::errc::invalid_argument);
+  RocePort* port = port_of(id);
+  if (!port) return fail(std::errc::invalid_argument);
+  if (auto rejected = port->agent.reject(id.roce_id, private_data, now()); !rejected) return fail(rejected.error());
+  id.ctx->stats.rejects_sent[static_cast<int>(RejectReason::application)]++;
+  end_agent_id(id);
+  id.state = CmIdImpl::State::idle;
+  device_of(*id.ctx).pump();
+  return {};
+}
+
+Status<std::errc> disconnect(CmIdImpl& id) {
+  if (id.roce_id == 0) return fail(std::errc::not_connected);
+  if (id.state != CmIdImpl::State::established && id.state != CmIdImpl::State::disconnected)
+    return fail(std::errc::invalid_argument);
+  RocePort* port = port_of(id);
+  if (!port) return fail(std::errc::not_connected);
+  // rdma_disconnect: the QP goes to ERROR now and its outstanding work flushes.
+  qp_to_error(id);
+  if (id.state == CmIdImpl::State::established) (void)port->agent.disconnect(id.roce_id, now());
+  id.emit_disconnected();
+  device_of(*id.ctx).pump();
+  return {};
+}
+
+void release(CmIdImpl& id) {
+  if (!id.ctx->roce) return;
+  RoceDevice& device = *id.ctx->roce;
+  if (RocePort* port = port_of(id)) {
+    if (id.state == CmIdImpl::State::listening) {
+      port->agent.stop_listening(id.roce_listen_port);
+      device.forget_listener(id.roce_address, id.roce_listen_port);
+    }
+    if (id.roce_id != 0) {
+      if (id.state == CmIdImpl::State::request_received) {
+        (void)port->agent.reject(id.roce_id, {}, now());
+      } else if (id.state == CmIdImpl::State::established) {
+        (void)port->agent.disconnect(id.roce_id, now());
+      }
+    }
+  }
+  // A QP the id does not own outlives it, in ERROR as over iWARP.
+  if (id.state == CmIdImpl::State::established) qp_to_error(id);
+  end_agent_id(id);
+  device.pump();
+}
+
+void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
+  using Kind = IbCmAgentEvent::Kind;
+  if (event.kind == Kind::connect_request) {
+    on_connect_request(device, port, event);
+    return;
+  }
+  auto id = device.find_id(port.address, event.id);
+  if (!id) return;  // its CmId is gone; the agent finishes the protocol alone
+  switch (event.kind) {
+    case Kind::connect_request: break;
+    case Kind::established: {
+      if (!start_queue_pair(*id, event)) {
+        (void)port.agent.disconnect(event.id, now());
+        id->state = CmIdImpl::State::route_resolved;
+        end_agent_id(*id);
+        id->emit(CmEventType::connect_error, EINVAL);
+        return;
+      }
+      id->state = CmIdImpl::State::established;
+      id->peer = socket_address(from_bytes(event.peer_address), event.port);
+      ConnParam param = event_param(event);
+      id->emit(CmEventType::established, 0, std::move(param));
+      return;
+    }
+    case Kind::rejected: {
+      const RejectReason reason = reject_reason(event.reason);
+      id->ctx->stats.rejects_received[static_cast<int>(reason)]++;
+      id->state = CmIdImpl::State::route_resolved;
+      end_agent_id(*id);
+      ConnParam param;
+      param.private_data = event.private_data;
+      id->emit(CmEventType::rejected, ECONNREFUSED, std::move(param), reason);
+      return;
+    }
+    case Kind::unreachable:
+      id->state = CmIdImpl::State::route_resolved;
+      end_agent_id(*id);
+      id->emit(CmEventType::unreachable, ETIMEDOUT);
+      return;
+    case Kind::connect_error: {
+      const bool passive = id->state == CmIdImpl::State::accepting;
+      id->state = passive ? CmIdImpl::State::disconnected : CmIdImpl::State::route_resolved;
+      end_agent_id(*id);
+      id->emit(CmEventType::connect_error, ETIMEDOUT, {}, RejectReason::timeout);
+      return;
+    }
+    case Kind::disconnected:
+      qp_to_error(*id);
+      id->emit_disconnected();
+      return;
+    case Kind::timewait_exit:
+      end_agent_id(*id);
+      id->emit(CmEventType::timewait_exit);
+      return;
+  }
+}
+
+void on_qp_error(RoceDevice& device, QueuePairImpl& qp, const core::roce::RcEvent& event) {
+  if (event.cause == core::roce::RcErrorCause::modified_to_error) return;  // the CM did it
+  auto id = qp.roce->owner.lock();
+  if (!id || id->state != CmIdImpl::State::established || id->roce_id == 0) return;
+  // The connection is dead (the peer stopped answering or refused our work): tell the
+  // peer's CM and the application, as iWARP does when its stream fails.
+  if (RocePort* port = device.find_port(id->roce_address)) (void)port->agent.disconnect(id->roce_id, now());
+  id->emit_disconnected();
+}
+
+}  // namespace peercm::detail::roce

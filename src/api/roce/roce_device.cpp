@@ -1,0 +1,362 @@
+#include "api/roce/roce_device.hpp"
+
+#include <arpa/inet.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <random>
+
+#include "api/cm_id_impl.hpp"
+#include "api/context_impl.hpp"
+#include "api/queue_pair_impl.hpp"
+#include "api/roce/roce_cm.hpp"
+#include "wire/ibcm/gsi.hpp"
+#include "wire/roce/bth.hpp"
+
+namespace peercm::detail::roce {
+
+namespace {
+
+std::uint32_t random_u32() {
+  std::random_device random;
+  return random();
+}
+
+int open_socket(Ipv4 address, std::errc& error) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    error = static_cast<std::errc>(errno);
+    return -1;
+  }
+  int mode = IP_PMTUDISC_DO;
+  ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &mode, sizeof mode);
+  // A window of full-PMTU packets arrives at once; without room the kernel drops them and
+  // RC waits out its ACK timer. FORCE needs CAP_NET_ADMIN; the plain option is capped.
+  int buffer = 8 << 20;
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) != 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_port = htons(wire::roce::kRoceUdpPort);
+  local.sin_addr.s_addr = htonl(address);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&local), sizeof local) != 0) {
+    error = static_cast<std::errc>(errno);
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The CM's timewait exponent closest above the context's timewait setting.
+std::uint8_t timewait_exponent(std::chrono::milliseconds timewait) {
+  std::uint8_t exponent = 0;
+  while (exponent < 31 && core::ibcm::cm_time(exponent) < timewait) ++exponent;
+  return exponent;
+}
+
+}  // namespace
+
+core::Time now() { return core::Time(std::chrono::steady_clock::now().time_since_epoch()); }
+
+bool is_loopback(Ipv4 address) { return (address >> 24) == 127; }
+
+core::ibcm::Ipv4Address to_bytes(Ipv4 address) {
+  return {static_cast<std::uint8_t>(address >> 24), static_cast<std::uint8_t>(address >> 16),
+          static_cast<std::uint8_t>(address >> 8), static_cast<std::uint8_t>(address)};
+}
+
+Ipv4 from_bytes(const core::ibcm::Ipv4Address& address) {
+  return std::uint32_t{address[0]} << 24 | std::uint32_t{address[1]} << 16 | std::uint32_t{address[2]} << 8 |
+         address[3];
+}
+
+RoceDevice::RoceDevice(ContextImpl& context, const RoceOptions& options)
+    : ctx(context),
+      options_(options),
+      faults_(options.faults),
+      next_comm_id_(random_u32() | 1),
+      next_service_port_(static_cast<std::uint16_t>(49152 + random_u32() % 8192)),
+      buffers_(kBatch * kBufferSize) {}
+
+RoceDevice::~RoceDevice() {
+  if (timer_) ctx.reactor.cancel_timer(*timer_);
+  for (auto& [address, port] : ports_) {
+    ctx.reactor.remove(port->fd);
+    ::close(port->fd);
+  }
+}
+
+RocePort* RoceDevice::find_port(Ipv4 address) {
+  auto found = ports_.find(address);
+  return found == ports_.end() ? nullptr : found->second.get();
+}
+
+Result<RocePort*, std::errc> RoceDevice::port(Ipv4 address) {
+  if (RocePort* existing = find_port(address)) return existing;
+  std::errc error{};
+  const int fd = open_socket(address, error);
+  if (fd < 0) return fail(error);
+  core::ibcm::IbCmAgentConfig config;
+  config.identity = core::NodeIdentity{ctx.node_guid, ctx.incarnation};
+  config.address = to_bytes(address);
+  config.timing.packet_lifetime = options_.cm_packet_lifetime;
+  config.timing.cm_response_timeout = options_.cm_response_timeout;
+  config.timing.max_cm_retries = options_.cm_max_retries;
+  config.timing.timewait = timewait_exponent(ctx.timewait);
+  config.connect_timeout = std::chrono::seconds(10);
+  // Comm IDs of one context never repeat across its addresses: the stale-REQ memory of a
+  // peer is keyed by (CA GUID, comm ID), and all our agents share the GUID.
+  config.first_comm_id = next_comm_id_;
+  next_comm_id_ += 1u << 24;
+  config.tid_high = random_u32();
+  auto owned = std::make_unique<RocePort>(address, fd, config);
+  RocePort* raw = owned.get();
+  auto added = ctx.reactor.add(fd, EPOLLIN, [this, raw](std::uint32_t) { on_readable(*raw); });
+  if (!added) {
+    ::close(fd);
+    return fail(added.error());
+  }
+  ports_.emplace(address, std::move(owned));
+  return raw;
+}
+
+Result<Ipv4, std::errc> RoceDevice::source_for(Ipv4 destination) {
+  if (is_loopback(destination)) {
+    // Two nodes on one host need two addresses: the context keeps one 127/8 address of its
+    // own, never the destination's, so client and server never share (address, 4791).
+    for (auto& [address, port] : ports_)
+      if (is_loopback(address) && address != destination) return address;
+    for (int attempt = 0; attempt < 32; ++attempt) {
+      const Ipv4 candidate = (127u << 24) | (random_u32() & 0xFFFFFF);
+      if (candidate == destination || (candidate & 0xFF) == 0 || (candidate & 0xFF) == 0xFF) continue;
+      if (auto opened = port(candidate)) return candidate;
+    }
+    return fail(std::errc::address_in_use);
+  }
+  // Elsewhere the kernel's route decides, as for TCP: a connected UDP socket reports it.
+  const int probe = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (probe < 0) return fail(static_cast<std::errc>(errno));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(wire::roce::kRoceUdpPort);
+  to.sin_addr.s_addr = htonl(destination);
+  sockaddr_in local{};
+  socklen_t length = sizeof local;
+  const bool ok = ::connect(probe, reinterpret_cast<const sockaddr*>(&to), sizeof to) == 0 &&
+                  ::getsockname(probe, reinterpret_cast<sockaddr*>(&local), &length) == 0;
+  const int error = errno;
+  ::close(probe);
+  if (!ok) return fail(static_cast<std::errc>(error));
+  return ntohl(local.sin_addr.s_addr);
+}
+
+void RoceDevice::add_qp(const std::shared_ptr<QueuePairImpl>& qp) {
+  qp->kick_transmit = [this] { pump(); };
+  qps_[qp->roce->qpn] = qp;
+}
+
+void RoceDevice::track_id(Ipv4 address, core::ibcm::IbCmId id, const std::shared_ptr<CmIdImpl>& cm_id) {
+  ids_[{address, id}] = cm_id;
+}
+
+void RoceDevice::forget_id(Ipv4 address, core::ibcm::IbCmId id) { ids_.erase({address, id}); }
+
+std::shared_ptr<CmIdImpl> RoceDevice::find_id(Ipv4 address, core::ibcm::IbCmId id) {
+  auto found = ids_.find({address, id});
+  if (found == ids_.end()) return nullptr;
+  return found->second.lock();
+}
+
+void RoceDevice::track_listener(Ipv4 address, std::uint16_t service, const std::shared_ptr<CmIdImpl>& listener) {
+  listeners_[{address, service}] = listener;
+}
+
+void RoceDevice::forget_listener(Ipv4 address, std::uint16_t service) { listeners_.erase({address, service}); }
+
+std::shared_ptr<CmIdImpl> RoceDevice::find_listener(Ipv4 address, std::uint16_t service) {
+  auto found = listeners_.find({address, service});
+  if (found == listeners_.end()) return nullptr;
+  return found->second.lock();
+}
+
+std::shared_ptr<CmIdImpl> RoceDevice::find_p2p_request(Ipv4 local, Ipv4 peer, std::uint32_t tag) {
+  for (auto& [key, weak] : ids_) {
+    if (key.first != local) continue;
+    auto id = weak.lock();
+    if (id && id->state == CmIdImpl::State::request_received && id->peer_to_peer && id->tag == tag &&
+        ntohl(id->peer.sin_addr.s_addr) == peer)
+      return id;
+  }
+  return nullptr;
+}
+
+std::uint16_t RoceDevice::ephemeral_service_port(Ipv4 address) {
+  for (int attempt = 0; attempt < 16384; ++attempt) {
+    const std::uint16_t candidate = next_service_port_;
+    next_service_port_ = next_service_port_ >= 65535 ? 49152 : static_cast<std::uint16_t>(next_service_port_ + 1);
+    if (!listeners_.contains({address, candidate})) return candidate;
+  }
+  return 0;
+}
+
+void RoceDevice::on_readable(RocePort& port) {
+  // A bounded number of batches per readiness: the other ports and the timer get their turn.
+  for (int batch = 0; batch < 8; ++batch) {
+    for (std::size_t i = 0; i < kBatch; ++i) {
+      message_iovs_[i] = iovec{buffers_.data() + i * kBufferSize, kBufferSize};
+      messages_[i] = mmsghdr{};
+      messages_[i].msg_hdr.msg_iov = &message_iovs_[i];
+      messages_[i].msg_hdr.msg_iovlen = 1;
+      messages_[i].msg_hdr.msg_name = &sources_[i];
+      messages_[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+    }
+    const int received = ::recvmmsg(port.fd, messages_.data(), kBatch, MSG_DONTWAIT, nullptr);
+    if (received <= 0) break;
+    const core::Time at = now();
+    for (std::size_t i = 0; i < static_cast<std::size_t>(received); ++i) {
+      if (messages_[i].msg_hdr.msg_flags & MSG_TRUNC) continue;  // larger than any PMTU we use
+      on_datagram(port, std::span(buffers_.data() + i * kBufferSize, messages_[i].msg_len), sources_[i], at);
+    }
+    if (static_cast<std::size_t>(received) < kBatch) break;
+  }
+  pump();
+}
+
+void RoceDevice::on_datagram(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from,
+                             core::Time at) {
+  if (bytes.size() < wire::roce::kBthSize) return;
+  // BTH bytes 5-7: DestQP (§1.2). The rest is decoded by whoever owns that QP.
+  const std::uint32_t destination_qp = std::uint32_t{bytes[5]} << 16 | std::uint32_t{bytes[6]} << 8 | bytes[7];
+  const Ipv4 source = ntohl(from.sin_addr.s_addr);
+  const std::uint16_t source_port = ntohs(from.sin_port);
+  if (destination_qp == wire::ibcm::kGsiQpn) {
+    const wire::roce::IcrcPseudoHeader pseudo{
+        .ip = wire::roce::Ipv4IcrcFields{.source = to_bytes(source), .destination = to_bytes(port.address)},
+        .udp_source_port = source_port};
+    auto packet = wire::roce::decode_verified_packet(bytes, pseudo);
+    if (!packet) return;
+    auto mad = wire::ibcm::mad_of_gsi_packet(*packet);
+    if (!mad) return;
+    port.agent.handle_mad(wire::ibcm::ipv4_mapped_gid(to_bytes(source)), *mad, at);
+    return;
+  }
+  auto found = qps_.find(destination_qp);
+  if (found == qps_.end()) return;
+  auto qp = found->second.lock();
+  if (!qp || !qp->roce) return;
+  qp->roce->rc.handle_datagram(bytes, source_port, at);
+}
+
+void RoceDevice::on_timer() {
+  timer_.reset();
+  timer_deadline_.reset();
+  const core::Time at = now();
+  for (auto& [address, port] : ports_) {
+    const auto deadline = port->agent.next_deadline();
+    if (deadline && *deadline <= at) port->agent.handle_timeout(at);
+  }
+  for (auto& [qpn, weak] : qps_) {
+    auto qp = weak.lock();
+    if (!qp || !qp->roce) continue;
+    const auto deadline = qp->roce->rc.next_deadline();
+    if (deadline && *deadline <= at) qp->roce->rc.handle_timeout(at);
+  }
+  pump();
+}
+
+bool RoceDevice::drain_agent(RocePort& port) {
+  bool any = false;
+  while (auto mad = port.agent.poll_mad()) {
+    any = true;
+    const auto destination = wire::ibcm::ipv4_of_gid(mad->destination);
+    if (!destination) continue;  // the agent only speaks IPv4-mapped GIDs
+    const wire::roce::IcrcPseudoHeader pseudo{
+        .ip = wire::roce::Ipv4IcrcFields{.source = to_bytes(port.address), .destination = *destination},
+        .udp_source_port = wire::roce::kRoceUdpPort};
+    std::array<std::uint8_t, wire::roce::kMaxHeadersSize + wire::ibcm::kMadSize + 8> packet{};
+    auto size = wire::roce::encode_packet(wire::ibcm::gsi_packet_headers(port.gsi_psn++ & 0xFFFFFF), mad->bytes,
+                                          pseudo, packet);
+    if (!size) continue;
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(wire::roce::kRoceUdpPort);
+    to.sin_addr.s_addr = htonl(from_bytes(*destination));
+    const iovec piece{packet.data(), *size};
+    faults_.send(port.fd, to, std::span(&piece, 1));
+  }
+  while (auto event = port.agent.poll_event()) {
+    any = true;
+    on_agent_event(*this, port, *event);
+  }
+  return any;
+}
+
+bool RoceDevice::drain_qp(QueuePairImpl& qp) {
+  RoceQp& roce = *qp.roce;
+  bool any = false;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(wire::roce::kRoceUdpPort);
+  to.sin_addr.s_addr = htonl(roce.remote_address);
+  while (roce.rc.poll_datagram(datagram_)) {
+    any = true;
+    pieces_.clear();
+    pieces_.push_back(iovec{datagram_.header.data(), datagram_.header_size});
+    pieces_.insert(pieces_.end(), datagram_.payload.begin(), datagram_.payload.end());
+    if (datagram_.trailer_size > 0) pieces_.push_back(iovec{datagram_.trailer.data(), datagram_.trailer_size});
+    faults_.send(roce.send_fd, to, pieces_);
+  }
+  while (auto event = roce.rc.poll_event()) {
+    any = true;
+    on_qp_error(*this, qp, *event);
+  }
+  return any;
+}
+
+void RoceDevice::pump() {
+  // Event handlers call back into the agents and queue pairs (accept, connect, to ERROR);
+  // their output is drained by the loop below, not by a nested pump.
+  if (pumping_) return;
+  pumping_ = true;
+  for (bool any = true; any;) {
+    any = false;
+    for (auto& [address, port] : ports_) any = drain_agent(*port) || any;
+    for (auto it = qps_.begin(); it != qps_.end();) {
+      auto qp = it->second.lock();
+      if (!qp || !qp->roce) {
+        it = qps_.erase(it);
+        continue;
+      }
+      any = drain_qp(*qp) || any;
+      ++it;
+    }
+  }
+  faults_.release_held();
+  pumping_ = false;
+  rearm();
+}
+
+void RoceDevice::rearm() {
+  std::optional<core::Time> earliest;
+  auto consider = [&](std::optional<core::Time> deadline) {
+    if (deadline && (!earliest || *deadline < *earliest)) earliest = deadline;
+  };
+  for (auto& [address, port] : ports_) consider(port->agent.next_deadline());
+  for (auto& [qpn, weak] : qps_) {
+    if (auto qp = weak.lock(); qp && qp->roce) consider(qp->roce->rc.next_deadline());
+  }
+  if (earliest == timer_deadline_) return;
+  if (timer_) ctx.reactor.cancel_timer(*timer_);
+  timer_.reset();
+  timer_deadline_ = earliest;
+  if (!earliest) return;
+  const engine::Clock::time_point at(
+      std::chrono::duration_cast<engine::Clock::duration>(earliest->time_since_epoch()));
+  timer_ = ctx.reactor.add_timer(at, [this] { on_timer(); });
+}
+
+}  // namespace peercm::detail::roce

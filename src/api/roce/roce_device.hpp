@@ -1,0 +1,120 @@
+// The RoCE device of one context: a UDP socket on (address, 4791) per local IPv4 address the
+// context uses, each with the IB CM agent of that address (RoCEv2 nodes are IP addresses),
+// and the RC queue pairs. Received datagrams go by BTH DestQP: QP 1 to the agent, others to
+// the queue pair of that number. After every input, pump() sends what the agents and queue
+// pairs queued, hands their events on, and re-arms one reactor timer at the earliest of
+// their deadlines. Everything here runs under the context lock.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "api/roce/fault_shim.hpp"
+#include "core/ibcm/ibcm_agent.hpp"
+#include "core/roce/rc_datagram.hpp"
+#include "engine/reactor.hpp"
+#include "peercm/result.hpp"
+#include "peercm/verbs.hpp"
+
+namespace peercm::detail {
+struct ContextImpl;
+struct CmIdImpl;
+struct QueuePairImpl;
+}  // namespace peercm::detail
+
+namespace peercm::detail::roce {
+
+using Ipv4 = std::uint32_t;  // host order
+
+core::Time now();
+bool is_loopback(Ipv4 address);
+core::ibcm::Ipv4Address to_bytes(Ipv4 address);
+Ipv4 from_bytes(const core::ibcm::Ipv4Address& address);
+
+// One local address: its socket on port 4791 and its CM agent.
+struct RocePort {
+  RocePort(Ipv4 local_address, int socket_fd, const core::ibcm::IbCmAgentConfig& config)
+      : address(local_address), fd(socket_fd), agent(config) {}
+  Ipv4 address;
+  int fd;
+  core::ibcm::IbCmAgent agent;
+  std::uint32_t gsi_psn = 0;  // UD receivers ignore it; counted per datagram as rxe does
+};
+
+class RoceDevice {
+ public:
+  RoceDevice(ContextImpl& ctx, const RoceOptions& options);
+  // With the context lock held (the reactor's rule): unregisters and closes the sockets.
+  ~RoceDevice();
+  RoceDevice(const RoceDevice&) = delete;
+  RoceDevice& operator=(const RoceDevice&) = delete;
+
+  // The port on `address`, opened on first use. EADDRINUSE: another context or process
+  // holds (address, 4791); EADDRNOTAVAIL: the address is not this host's.
+  Result<RocePort*, std::errc> port(Ipv4 address);
+  RocePort* find_port(Ipv4 address);
+  // Where a connection to `destination` runs from (the addressing rule, docs/roce-transport.md):
+  // a loopback destination gets the context's own 127/8 address, another the kernel's route
+  // source.
+  Result<Ipv4, std::errc> source_for(Ipv4 destination);
+
+  void add_qp(const std::shared_ptr<QueuePairImpl>& qp);
+  void track_id(Ipv4 address, core::ibcm::IbCmId id, const std::shared_ptr<CmIdImpl>& cm_id);
+  void forget_id(Ipv4 address, core::ibcm::IbCmId id);
+  std::shared_ptr<CmIdImpl> find_id(Ipv4 address, core::ibcm::IbCmId id);
+  void track_listener(Ipv4 address, std::uint16_t port, const std::shared_ptr<CmIdImpl>& listener);
+  void forget_listener(Ipv4 address, std::uint16_t port);
+  std::shared_ptr<CmIdImpl> find_listener(Ipv4 address, std::uint16_t port);
+  // A p2p request from `peer` with `tag` on our address `local`, delivered as a
+  // CONNECT_REQUEST the application may not have fetched yet.
+  std::shared_ptr<CmIdImpl> find_p2p_request(Ipv4 local, Ipv4 peer, std::uint32_t tag);
+  // A free service port for a listener bound to port 0.
+  std::uint16_t ephemeral_service_port(Ipv4 address);
+
+  // Sends everything queued, delivers events, re-arms the timer: after every input.
+  void pump();
+
+  // The port the context listens on first, sent in p2p REQs as their source port.
+  std::uint16_t p2p_listen_port = 0;
+  ContextImpl& ctx;
+
+ private:
+  void on_readable(RocePort& port);
+  void on_datagram(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from, core::Time at);
+  void on_timer();
+  bool drain_agent(RocePort& port);
+  bool drain_qp(QueuePairImpl& qp);
+  void rearm();
+
+  RoceOptions options_;
+  FaultShim faults_;
+  std::map<Ipv4, std::unique_ptr<RocePort>> ports_;
+  std::map<std::uint32_t, std::weak_ptr<QueuePairImpl>> qps_;  // by wire QPN
+  std::map<std::pair<Ipv4, core::ibcm::IbCmId>, std::weak_ptr<CmIdImpl>> ids_;
+  std::map<std::pair<Ipv4, std::uint16_t>, std::weak_ptr<CmIdImpl>> listeners_;
+  std::optional<engine::Reactor::TimerId> timer_;
+  std::optional<core::Time> timer_deadline_;
+  std::uint32_t next_comm_id_;
+  std::uint16_t next_service_port_;
+  bool pumping_ = false;
+  core::roce::RcDatagram datagram_;
+  std::vector<iovec> pieces_;
+  // recvmmsg batch, shared by the ports (one runs at a time, under the lock).
+  static constexpr std::size_t kBatch = 32;
+  static constexpr std::size_t kBufferSize = 4608;  // PMTU 4096 + headers, pad and ICRC
+  std::vector<std::uint8_t> buffers_;
+  std::array<mmsghdr, kBatch> messages_{};
+  std::array<iovec, kBatch> message_iovs_{};
+  std::array<sockaddr_in, kBatch> sources_{};
+};
+
+}  // namespace peercm::detail::roce

@@ -1,0 +1,65 @@
+#include "api/roce/roce_qp.hpp"
+
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <random>
+
+namespace peercm::detail::roce {
+
+namespace {
+
+// A datagram must never fragment (PMTU + 47 bytes is what RC sends, roce-wire.md).
+void forbid_fragments(int fd) {
+  int mode = IP_PMTUDISC_DO;
+  ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &mode, sizeof mode);
+}
+
+}  // namespace
+
+RoceQp::RoceQp(const core::roce::RcQpConfig& config, core::MemoryTable& memory, core::CompletionSink& send_cq,
+               core::CompletionSink& recv_cq)
+    : rc(config, memory, send_cq, recv_cq) {}
+
+RoceQp::~RoceQp() {
+  if (send_fd >= 0) ::close(send_fd);
+}
+
+Result<std::unique_ptr<RoceQp>, std::errc> RoceQp::open(const core::roce::RcQpConfig& config,
+                                                        core::MemoryTable& memory, core::CompletionSink& send_cq,
+                                                        core::CompletionSink& recv_cq, std::uint32_t qpn,
+                                                        std::uint32_t local_address) {
+  auto qp = std::make_unique<RoceQp>(config, memory, send_cq, recv_cq);
+  qp->qpn = qpn;
+  qp->local_address = local_address;
+  qp->send_fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (qp->send_fd < 0) return fail(static_cast<std::errc>(errno));
+  forbid_fragments(qp->send_fd);
+  int buffer = 4 << 20;
+  if (::setsockopt(qp->send_fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0)
+    ::setsockopt(qp->send_fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+  // Linux picks RoCE source ports from 0xC000-0xFFFF (wire sheet §1); a few random tries
+  // there, then any free port: entropy is all that matters.
+  std::random_device random;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(local_address);
+  bool bound = false;
+  for (int attempt = 0; attempt < 8 && !bound; ++attempt) {
+    address.sin_port = htons(static_cast<std::uint16_t>(0xC000 | (random() & 0x3FFF)));
+    bound = ::bind(qp->send_fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0;
+  }
+  if (!bound) {
+    address.sin_port = 0;
+    if (::bind(qp->send_fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0)
+      return fail(static_cast<std::errc>(errno));
+  }
+  socklen_t length = sizeof address;
+  ::getsockname(qp->send_fd, reinterpret_cast<sockaddr*>(&address), &length);
+  qp->source_port = ntohs(address.sin_port);
+  return qp;
+}
+
+}  // namespace peercm::detail::roce

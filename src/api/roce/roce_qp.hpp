@@ -1,0 +1,46 @@
+// The RoCE half of a queue pair: the RC core, its wire QPN, and the UDP socket its packets
+// leave from. The socket exists for its source port alone: one per QP for its lifetime,
+// the flow entropy of roce-ibcm-wire.md §1 that the ICRC covers. Peers send to port 4791,
+// never back to it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <system_error>
+
+#include "core/roce/rc_queue_pair.hpp"
+#include "peercm/result.hpp"
+
+namespace peercm::detail {
+struct CmIdImpl;
+}
+
+namespace peercm::detail::roce {
+
+// QPN 0 and 1 are the SMI and GSI (QP1 carries the CM); data QPNs start above the few the
+// IB spec reserves.
+inline constexpr std::uint32_t kFirstDataQpn = 0x100;
+
+struct RoceQp {
+  // `local_address` (host order) is where the CM runs for this QP: its packets leave from it.
+  static Result<std::unique_ptr<RoceQp>, std::errc> open(const core::roce::RcQpConfig& config,
+                                                         core::MemoryTable& memory, core::CompletionSink& send_cq,
+                                                         core::CompletionSink& recv_cq, std::uint32_t qpn,
+                                                         std::uint32_t local_address);
+  RoceQp(const core::roce::RcQpConfig& config, core::MemoryTable& memory, core::CompletionSink& send_cq,
+         core::CompletionSink& recv_cq);
+  ~RoceQp();
+  RoceQp(const RoceQp&) = delete;
+  RoceQp& operator=(const RoceQp&) = delete;
+
+  core::roce::RcQueuePair rc;
+  std::uint32_t qpn = 0;
+  std::uint32_t local_address = 0;   // host order
+  std::uint32_t remote_address = 0;  // host order; set when the CM established it
+  int send_fd = -1;
+  std::uint16_t source_port = 0;
+  // The CmId whose connection this QP carries: told when the QP fails on its own.
+  std::weak_ptr<CmIdImpl> owner;
+};
+
+}  // namespace peercm::detail::roce

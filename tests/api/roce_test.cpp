@@ -1,0 +1,389 @@
+// The RoCE transport through the public API, over real UDP sockets on loopback: each node
+// is a random 127/8 address (parallel test processes never share (address, 4791)).
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "loopback_pair.hpp"
+
+namespace peercm::test {
+namespace {
+
+sockaddr_in random_loopback(std::uint16_t port) {
+  static std::mt19937 random{std::random_device{}()};
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  const std::uint32_t host = (127u << 24) | (std::uniform_int_distribution<std::uint32_t>(1, 254)(random) << 16) |
+                             (std::uniform_int_distribution<std::uint32_t>(0, 255)(random) << 8) |
+                             std::uniform_int_distribution<std::uint32_t>(1, 254)(random);
+  a.sin_addr.s_addr = htonl(host);
+  return a;
+}
+
+std::size_t open_fds() {
+  std::size_t n = 0;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (::readdir(dir) != nullptr) ++n;
+    ::closedir(dir);
+  }
+  return n;
+}
+
+std::unique_ptr<CmId> roce_id(Side& side) {
+  return std::move(CmId::create(*side.context, *side.channel, nullptr, Transport::roce).value());
+}
+
+// A RoCE server listening on a random loopback address and a client connected to it.
+struct RocePair {
+  Side server;
+  Side client;
+  std::unique_ptr<CmId> listener;
+  sockaddr_in address{};
+  CmEvent request;
+
+  explicit RocePair(const ContextOptions& server_options = {}, const ContextOptions& client_options = {})
+      : server(server_options), client(client_options) {
+    listener = roce_id(server);
+    address = random_loopback(7471);
+    EXPECT_TRUE(listener->bind(address));
+    EXPECT_TRUE(listener->listen(16));
+  }
+
+  void start_client(const ConnParam& param = {}) {
+    client.id = roce_id(client);
+    EXPECT_EQ(client.id->transport(), Transport::roce);
+    EXPECT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
+    EXPECT_TRUE(client.id->resolve_addr(address));
+    expect_event(*client.channel, CmEventType::addr_resolved);
+    EXPECT_TRUE(client.id->resolve_route());
+    expect_event(*client.channel, CmEventType::route_resolved);
+    client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+    EXPECT_TRUE(client.id->connect(param));
+  }
+
+  void take_request() {
+    request = expect_event(*server.channel, CmEventType::connect_request);
+    ASSERT_TRUE(request.new_id);
+    server.id = std::move(request.new_id);
+    EXPECT_EQ(server.id->transport(), Transport::roce);
+  }
+
+  void accept(const ConnParam& param = {}) {
+    take_request();
+    server.qp = server.id->create_qp(*server.pd, server.qp_attr()).value();
+    ASSERT_TRUE(server.id->accept(param));
+    expect_event(*client.channel, CmEventType::established);
+    expect_event(*server.channel, CmEventType::established);
+  }
+};
+
+TEST(Roce, ConnectsWithPrivateDataAndSwappedResources) {
+  RocePair pair;
+  pair.start_client(ConnParam{.private_data = {1, 2, 3}, .responder_resources = 4, .initiator_depth = 8});
+  pair.take_request();
+  // IB CM private data has a fixed size per message: it arrives zero-padded (as rdma_cm's).
+  ASSERT_GE(pair.request.param.private_data.size(), 3u);
+  EXPECT_EQ(pair.request.param.private_data[2], 3);
+  EXPECT_EQ(pair.request.param.responder_resources, 8);
+  EXPECT_EQ(pair.request.param.initiator_depth, 4);
+  pair.server.qp = pair.server.id->create_qp(*pair.server.pd, pair.server.qp_attr()).value();
+  ASSERT_TRUE(pair.server.id->accept(ConnParam{.private_data = {9, 8}}));
+  auto established = expect_event(*pair.client.channel, CmEventType::established);
+  ASSERT_GE(established.param.private_data.size(), 2u);
+  EXPECT_EQ(established.param.private_data[0], 9);
+  EXPECT_EQ(established.param.private_data[1], 8);
+  expect_event(*pair.server.channel, CmEventType::established);
+  EXPECT_EQ(pair.client.qp->state(), QpState::rts);
+  EXPECT_EQ(pair.client.id->peer_address().sin_addr.s_addr, pair.address.sin_addr.s_addr);
+  // The addressing rule: the client runs from a loopback address of its own.
+  const sockaddr_in local = pair.client.id->local_address();
+  EXPECT_EQ(ntohl(local.sin_addr.s_addr) >> 24, 127u);
+  EXPECT_NE(local.sin_addr.s_addr, pair.address.sin_addr.s_addr);
+}
+
+// Send, Write and Read of `size` bytes, each checked byte for byte.
+void move_data(RocePair& pair, std::size_t size) {
+  std::vector<std::uint8_t> source(size), inbox(size + 1, 0), target(size + 1, 0), readback(size + 1, 0);
+  std::iota(source.begin(), source.end(), static_cast<std::uint8_t>(size));
+  auto source_mr = pair.client.region(source);
+  auto readback_mr = pair.client.region(readback);
+  auto inbox_mr = pair.server.region(inbox);
+  auto target_mr = pair.server.region(target);
+  ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = 10, .sg_list = {inbox_mr->sge()}}));
+  ASSERT_TRUE(pair.client.qp->post_send(
+      SendWr{.wr_id = 1, .opcode = WrOpcode::send, .sg_list = {source_mr->sge(0, size)}}));
+  ASSERT_TRUE(pair.client.qp->post_send(SendWr{.wr_id = 2,
+                                               .opcode = WrOpcode::rdma_write,
+                                               .sg_list = {source_mr->sge(0, size)},
+                                               .remote_addr = reinterpret_cast<std::uintptr_t>(target.data()),
+                                               .rkey = target_mr->rkey()}));
+  auto client_wcs = poll_n(*pair.client.cq, 2);
+  ASSERT_EQ(client_wcs.size(), 2u);
+  for (const auto& wc : client_wcs) EXPECT_EQ(wc.status, WcStatus::success) << wc.wr_id;
+  auto server_wcs = poll_n(*pair.server.cq, 1);
+  ASSERT_EQ(server_wcs.size(), 1u);
+  EXPECT_EQ(server_wcs[0].status, WcStatus::success);
+  EXPECT_EQ(server_wcs[0].byte_len, size);
+  EXPECT_TRUE(std::equal(source.begin(), source.end(), inbox.begin()));
+  EXPECT_TRUE(std::equal(source.begin(), source.end(), target.begin()));
+  // Read back what the Write put there.
+  ASSERT_TRUE(pair.client.qp->post_send(SendWr{.wr_id = 3,
+                                               .opcode = WrOpcode::rdma_read,
+                                               .sg_list = {readback_mr->sge(0, size)},
+                                               .remote_addr = reinterpret_cast<std::uintptr_t>(target.data()),
+                                               .rkey = target_mr->rkey()}));
+  auto read_wc = poll_n(*pair.client.cq, 1);
+  ASSERT_EQ(read_wc.size(), 1u);
+  EXPECT_EQ(read_wc[0].status, WcStatus::success);
+  EXPECT_TRUE(std::equal(source.begin(), source.end(), readback.begin()));
+}
+
+TEST(Roce, SendWriteReadOfEverySize) {
+  RocePair pair;
+  pair.start_client();
+  pair.accept();
+  for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{1} << 20}) {
+    SCOPED_TRACE(size);
+    move_data(pair, size);
+  }
+}
+
+TEST(Roce, RejectCarriesPrivateData) {
+  RocePair pair;
+  pair.start_client();
+  pair.take_request();
+  const std::vector<std::uint8_t> why{0xDE, 0xAD};
+  ASSERT_TRUE(pair.server.id->reject(why));
+  auto rejected = expect_event(*pair.client.channel, CmEventType::rejected);
+  ASSERT_GE(rejected.param.private_data.size(), why.size());
+  EXPECT_TRUE(std::equal(why.begin(), why.end(), rejected.param.private_data.begin()));
+  EXPECT_EQ(rejected.reject_reason, RejectReason::application);
+}
+
+TEST(Roce, DisconnectFlushesAPostedReceiveOnBothSides) {
+  RocePair pair;
+  pair.start_client();
+  pair.accept();
+  std::vector<std::uint8_t> a(64), b(64);
+  auto a_mr = pair.client.region(a);
+  auto b_mr = pair.server.region(b);
+  ASSERT_TRUE(pair.client.qp->post_recv(RecvWr{.wr_id = 21, .sg_list = {a_mr->sge()}}));
+  ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = 22, .sg_list = {b_mr->sge()}}));
+  ASSERT_TRUE(pair.client.id->disconnect());
+  expect_event(*pair.client.channel, CmEventType::disconnected);
+  expect_event(*pair.server.channel, CmEventType::disconnected);
+  auto client_wc = poll_n(*pair.client.cq, 1);
+  ASSERT_EQ(client_wc.size(), 1u);
+  EXPECT_EQ(client_wc[0].wr_id, 21u);
+  EXPECT_EQ(client_wc[0].status, WcStatus::wr_flush_error);
+  auto server_wc = poll_n(*pair.server.cq, 1);
+  ASSERT_EQ(server_wc.size(), 1u);
+  EXPECT_EQ(server_wc[0].wr_id, 22u);
+  EXPECT_EQ(server_wc[0].status, WcStatus::wr_flush_error);
+  EXPECT_EQ(pair.server.qp->state(), QpState::error);
+  expect_event(*pair.client.channel, CmEventType::timewait_exit);
+  expect_event(*pair.server.channel, CmEventType::timewait_exit);
+}
+
+TEST(Roce, NoListenerOnTheServiceIsRejected) {
+  RocePair pair;
+  pair.address.sin_port = htons(ntohs(pair.address.sin_port) + 1);  // the node is there, the service is not
+  pair.start_client();
+  auto rejected = expect_event(*pair.client.channel, CmEventType::rejected);
+  EXPECT_EQ(rejected.reject_reason, RejectReason::refused);
+}
+
+TEST(Roce, NobodyAtTheAddressIsUnreachable) {
+  // Short CM timers: 4.096 us * 2^14 = 67 ms per try, two retries.
+  ContextOptions options;
+  options.roce.cm_packet_lifetime = 10;
+  options.roce.cm_response_timeout = 14;
+  options.roce.cm_max_retries = 2;
+  Side client(options);
+  client.id = roce_id(client);
+  ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
+  ASSERT_TRUE(client.id->resolve_addr(random_loopback(7471)));
+  expect_event(*client.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(client.id->resolve_route());
+  expect_event(*client.channel, CmEventType::route_resolved);
+  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(client.id->connect({}));
+  expect_event(*client.channel, CmEventType::unreachable);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+}
+
+TEST(Roce, SocketsCloseWithTheirContexts) {
+  const std::size_t before = open_fds();
+  {
+    RocePair pair;  // one context each: sockets on 4791, one per QP, reactor fds
+    pair.start_client();
+    pair.accept();
+    move_data(pair, 4096);
+    ASSERT_TRUE(pair.client.id->disconnect());
+    expect_event(*pair.server.channel, CmEventType::disconnected);
+  }
+  EXPECT_EQ(open_fds(), before);
+}
+
+TEST(Roce, IwarpStaysTheDefault) {
+  Side side;
+  auto id = std::move(CmId::create(*side.context, *side.channel).value());
+  EXPECT_EQ(id->transport(), Transport::iwarp);
+}
+
+// --- peer to peer ---
+
+struct P2pNode {
+  Side side;
+  std::unique_ptr<CmId> listener;
+  sockaddr_in address{};
+  explicit P2pNode(std::uint64_t guid) : side(ContextOptions{.node_guid = guid}) {
+    listener = roce_id(side);
+    address = random_loopback(7472);
+    EXPECT_TRUE(listener->bind(address));
+    EXPECT_TRUE(listener->listen(64));
+  }
+};
+
+struct P2pRound {
+  bool established = false;
+  int connect_requests = 0;
+  std::uint32_t peer_qp = 0;
+  std::uint32_t local_qp = 0;
+  std::string error;
+};
+
+P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, std::barrier<>& start) {
+  P2pRound r;
+  Side& s = node.side;
+  auto id = roce_id(s);
+  (void)id->set_option(CmOption::p2p_tag, tag);
+  auto next_for_id = [&](CmEventType type) {
+    for (auto e = s.channel->get_event(5s); e; e = s.channel->get_event(5s)) {
+      if (e->id == id.get()) return e->type == type;
+      if (e->type == CmEventType::connect_request) ++r.connect_requests;
+    }
+    return false;
+  };
+  (void)id->resolve_addr(peer);
+  if (!next_for_id(CmEventType::addr_resolved)) r.error = "addr";
+  (void)id->resolve_route();
+  if (!next_for_id(CmEventType::route_resolved)) r.error = "route";
+  QueuePair* qp = id->create_qp(*s.pd, s.qp_attr()).value();
+  r.local_qp = qp->qp_num();
+  start.arrive_and_wait();
+  if (auto ok = id->connect({}); !ok) r.error = "connect: " + std::make_error_code(ok.error()).message();
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!r.established && r.error.empty() && std::chrono::steady_clock::now() < deadline) {
+    auto e = s.channel->get_event(1s);
+    if (!e) continue;
+    if (e->type == CmEventType::connect_request) {
+      ++r.connect_requests;
+    } else if (e->type == CmEventType::established && e->id == id.get()) {
+      r.established = true;
+      r.peer_qp = e->param.qp_num;
+    } else if (e->id == id.get()) {
+      r.error = std::string("unexpected ") + std::string(to_string(e->type)) + " " +
+                std::string(to_string(e->reject_reason)) + " status " + std::to_string(e->status);
+    }
+  }
+  if (!r.established && r.error.empty()) r.error = "no ESTABLISHED";
+  start.arrive_and_wait();  // both saw the outcome before anyone disconnects
+  if (r.established) {
+    (void)id->disconnect();
+    const auto close_deadline = std::chrono::steady_clock::now() + 5s;
+    for (bool closed = false; !closed && std::chrono::steady_clock::now() < close_deadline;) {
+      auto e = s.channel->get_event(1s);
+      closed = e && e->type == CmEventType::disconnected && e->id == id.get();
+    }
+  }
+  return r;
+}
+
+TEST(Roce, SimultaneousConnectsMakeExactlyOneConnection) {
+  P2pNode a(0x1000), b(0x2000);
+  std::barrier start(2);
+  constexpr std::uint32_t kRounds = 100;
+  for (std::uint32_t round = 0; round < kRounds; ++round) {
+    P2pRound ra, rb;
+    std::thread ta([&] { ra = p2p_round(a, b.address, round, start); });
+    rb = p2p_round(b, a.address, round, start);
+    ta.join();
+    ASSERT_TRUE(ra.error.empty()) << "round " << round << " a: " << ra.error;
+    ASSERT_TRUE(rb.error.empty()) << "round " << round << " b: " << rb.error;
+    ASSERT_EQ(ra.connect_requests + rb.connect_requests, 0) << "round " << round;
+    // One connection: each end's peer QP is the other's QP that connected.
+    ASSERT_EQ(ra.peer_qp, rb.local_qp + 0x100) << "round " << round;
+    ASSERT_EQ(rb.peer_qp, ra.local_qp + 0x100) << "round " << round;
+  }
+}
+
+// --- a lossy wire ---
+
+TEST(Roce, LossyWireDeliversEveryByteOnceInOrder) {
+  ContextOptions lossy;
+  lossy.roce.faults = RoceFaults{.drop = 0.10, .duplicate = 0.05, .reorder = 0.10, .seed = 0};
+  lossy.roce.cm_packet_lifetime = 10;
+  lossy.roce.cm_response_timeout = 14;
+  ContextOptions server_options = lossy;
+  lossy.roce.faults.seed = 1;
+  server_options.roce.faults.seed = 2;
+  RocePair pair(server_options, lossy);
+  pair.start_client();
+  pair.accept();
+  constexpr std::size_t kMessage = 64 * 1024;
+  constexpr std::size_t kMessages = 32;  // 2 MiB by Send, 2 MiB by Write
+  std::vector<std::uint8_t> source(kMessage * kMessages), inbox(source.size(), 0), target(source.size(), 0);
+  std::mt19937 random(7);
+  for (auto& byte : source) byte = static_cast<std::uint8_t>(random());
+  auto source_mr = pair.client.region(source);
+  auto inbox_mr = pair.server.region(inbox);
+  auto target_mr = pair.server.region(target);
+  for (std::size_t i = 0; i < kMessages; ++i)
+    ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = 1000 + i, .sg_list = {inbox_mr->sge(i * kMessage, kMessage)}}));
+  for (std::size_t i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(pair.client.qp->post_send(
+        SendWr{.wr_id = i, .opcode = WrOpcode::send, .sg_list = {source_mr->sge(i * kMessage, kMessage)}}));
+    ASSERT_TRUE(pair.client.qp->post_send(
+        SendWr{.wr_id = 100 + i,
+               .opcode = WrOpcode::rdma_write,
+               .sg_list = {source_mr->sge(i * kMessage, kMessage)},
+               .remote_addr = reinterpret_cast<std::uintptr_t>(target.data() + i * kMessage),
+               .rkey = target_mr->rkey()}));
+  }
+  auto sent = poll_n(*pair.client.cq, 2 * kMessages, 60s);
+  ASSERT_EQ(sent.size(), 2 * kMessages);
+  std::vector<int> seen(200, 0);
+  for (const auto& wc : sent) {
+    EXPECT_EQ(wc.status, WcStatus::success) << wc.wr_id;
+    ASSERT_LT(wc.wr_id, 200u);
+    ++seen[wc.wr_id];
+  }
+  auto received = poll_n(*pair.server.cq, kMessages, 60s);
+  ASSERT_EQ(received.size(), kMessages);
+  for (std::size_t i = 0; i < kMessages; ++i) {
+    EXPECT_EQ(received[i].status, WcStatus::success);
+    EXPECT_EQ(received[i].wr_id, 1000 + i);  // in posting order
+    EXPECT_EQ(received[i].byte_len, kMessage);
+  }
+  for (std::size_t i = 0; i < kMessages; ++i) {
+    EXPECT_EQ(seen[i], 1);
+    EXPECT_EQ(seen[100 + i], 1);
+  }
+  WorkCompletion extra[4];
+  EXPECT_EQ(pair.client.cq->poll(extra), 0u);
+  EXPECT_EQ(pair.server.cq->poll(extra), 0u);
+  EXPECT_EQ(inbox, source);
+  EXPECT_EQ(target, source);
+}
+
+}  // namespace
+}  // namespace peercm::test
