@@ -304,13 +304,9 @@ void release(CmIdImpl& id) {
       port->agent.stop_listening(id.roce_listen_port);
       device.forget_listener(id.roce_address, id.roce_listen_port);
     }
-    if (id.roce_id != 0) {
-      if (id.state == CmIdImpl::State::request_received) {
-        (void)port->agent.reject(id.roce_id, {}, now());
-      } else if (id.state == CmIdImpl::State::established) {
-        (void)port->agent.disconnect(id.roce_id, now());
-      }
-    }
+    // rdma_destroy_id: a request is rejected, an attempt abandoned (REJ), a connection
+    // disconnected; the agent finishes the exchange alone.
+    if (id.roce_id != 0) port->agent.destroy(id.roce_id, now());
   }
   // A QP the id does not own outlives it, in ERROR as over iWARP.
   if (id.state == CmIdImpl::State::established) qp_to_error(id);

@@ -188,6 +188,28 @@ Status<std::errc> IbCmAgent::disconnect(IbCmId id, Time now) {
   return {};
 }
 
+void IbCmAgent::destroy(IbCmId id, Time now) {
+  Id* record = find_id(id);
+  if (record == nullptr) return;
+  const std::uint32_t comm = record->conn;
+  if (record->p2p) {
+    // The resolver hears of the attempt before its link's close (its API's order).
+    if (record->pending_attempt) resolver_.handle_attempt_ended(record->params.qpn);
+    if (comm != 0) {
+      Conn& conn = conns_.at(comm);
+      if (conn.link != 0 && record->phase == Id::Phase::requested) {
+        resolver_.handle_request_rejected(conn.link);
+      } else if (conn.link != 0) {
+        resolver_.handle_link_closed(conn.link);
+      }
+    }
+  }
+  if (comm != 0) conns_.at(comm).cm.abort(now);
+  end_id(id);
+  if (comm != 0) sync(comm, now);
+  drain_resolver(now);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Network and time
 

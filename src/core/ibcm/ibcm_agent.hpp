@@ -133,6 +133,10 @@ class IbCmAgent {
   Status<std::errc> reject(IbCmId id, std::span<const std::uint8_t> private_data, Time now);
   // An established id: DREQ; `disconnected` and `timewait_exit` follow.
   Status<std::errc> disconnect(IbCmId id, Time now);
+  // The application destroyed the id (ib_destroy_cm_id): whatever its connection is doing
+  // ends without further events: REJ while establishing, DREQ when established, and a p2p
+  // attempt leaves the resolver. Unknown ids are ignored.
+  void destroy(IbCmId id, Time now);
 
   // --- inputs: the network and time ---
   // One CM MAD from the GSI datagram whose source address is `from` (answers that belong to no

@@ -275,6 +275,53 @@ TEST_F(ClientServer, TooMuchPrivateDataIsRefused) {
   net.expect_quiet(kClient);
 }
 
+// ib_destroy_cm_id while the REQ waits for an answer: REJ(timeout) ends the server's request.
+TEST_F(ClientServer, DestroyWhileConnectingRejectsWithTimeout) {
+  const IbCmId id = connect();
+  net.run_for(3ms);
+  const IbCmAgentEvent* request = net.find(kServer, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  const IbCmId server_id = request->id;
+  net.agent(kClient).destroy(id, net.now);
+  EXPECT_FALSE(net.agent(kClient).state_of(id).has_value());
+  net.run_for(5ms);
+  EXPECT_EQ(net.sent[w::CmAttribute::rej], 1);
+  EXPECT_FALSE(net.agent(kServer).state_of(server_id).has_value());
+  EXPECT_FALSE(net.agent(kServer).accept(server_id, accept_params(0x200), net.now));
+  EXPECT_EQ(net.count(kClient, EventKind::established), 0);
+  EXPECT_EQ(net.count(kClient, EventKind::rejected), 0);  // destroyed ids hear nothing
+  expect_everything_gone();
+}
+
+// A request the application destroys instead of answering is rejected as rdma_reject does.
+TEST_F(ClientServer, DestroyingAnUnansweredRequestRejectsIt) {
+  const IbCmId id = connect();
+  net.run_for(3ms);
+  const IbCmAgentEvent* request = net.find(kServer, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  net.agent(kServer).destroy(request->id, net.now);
+  net.run_for(5ms);
+  const IbCmAgentEvent* rejected = net.find(kClient, EventKind::rejected, id);
+  ASSERT_NE(rejected, nullptr);
+  EXPECT_EQ(rejected->reason, w::rej_reason::kConsumerReject);
+  expect_everything_gone();
+}
+
+// Destroying an established id disconnects it: the peer sees DISCONNECTED, both sides pass
+// through timewait and forget the connection.
+TEST_F(ClientServer, DestroyingAnEstablishedIdDisconnectsThePeer) {
+  const IbCmId id = connect();
+  accept_all();
+  ASSERT_NE(net.find(kClient, EventKind::established, id), nullptr);
+  net.agent(kClient).destroy(id, net.now);
+  net.run_for(100ms);
+  EXPECT_EQ(net.sent[w::CmAttribute::dreq], 1);
+  EXPECT_EQ(net.count(kServer, EventKind::disconnected), 1);
+  EXPECT_EQ(net.count(kClient, EventKind::disconnected), 0);
+  EXPECT_EQ(net.count(kClient, EventKind::timewait_exit), 0);
+  expect_everything_gone();
+}
+
 TEST_F(ClientServer, MalformedMadIsDroppedAndCounted) {
   std::array<std::uint8_t, 256> junk{};
   net.agent(kServer).handle_mad(w::ipv4_mapped_gid(Fabric::address(kClient)), junk, net.now);

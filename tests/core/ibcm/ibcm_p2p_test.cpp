@@ -127,6 +127,35 @@ TEST_F(P2p, RequestWithoutAttemptIsDeliveredAndRuleFiveHolds) {
   EXPECT_TRUE(other_tag.has_value());  // one connection per p2p key, and the tag is in the key
 }
 
+// Rule 5 counts live attempts: destroying a pending attempt or an undecided request frees
+// the key at once, and nothing of either is left behind.
+TEST_F(P2p, DestroyedAttemptOrRequestFreesTheKey) {
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true, 3), net.now);
+  ASSERT_TRUE(ida.has_value());
+  net.run_for(2ms);
+  const IbCmAgentEvent* request = net.find(kB, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  net.agent(kB).destroy(request->id, net.now);
+  auto from_b = net.agent(kB).connect(connect_params(kA, 0x200, true, 3), net.now);
+  ASSERT_TRUE(from_b.has_value());
+  net.agent(kA).destroy(*ida, net.now);
+  auto from_a = net.agent(kA).connect(connect_params(kB, 0x101, true, 3), net.now);
+  ASSERT_TRUE(from_a.has_value());
+  net.run_for(20ms);
+  accept_requests(kA, 0x102);
+  accept_requests(kB, 0x201);
+  net.run_for(20ms);
+  const int established_a = net.count(kA, EventKind::established);
+  const int established_b = net.count(kB, EventKind::established);
+  EXPECT_EQ(established_a, 1);
+  EXPECT_EQ(established_b, 1);
+  net.agent(kA).destroy(*from_a, net.now);
+  net.agent(kB).destroy(*from_b, net.now);
+  net.run_for(1s);
+  net.expect_quiet(kA);
+  net.expect_quiet(kB);
+}
+
 // Rule 6: A restarts (new incarnation, its QPNs start over) and connects again: B tears the old
 // connection down (DISCONNECTED) and the new REQ proceeds.
 TEST_F(P2p, NewIncarnationReplacesTheOldConnection) {
