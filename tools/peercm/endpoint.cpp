@@ -136,8 +136,10 @@ std::optional<std::size_t> find_mismatch(std::span<const std::uint8_t> bytes, st
 
 Transport transport_option(const std::string& name) { return name == "roce" ? Transport::roce : Transport::iwarp; }
 
-Device::Device(ProgressMode mode, Transport transport_to_use) : transport(transport_to_use) {
-  auto ctx = Context::open(ContextOptions{.progress = mode});
+Device::Device(ProgressMode mode, Transport transport_to_use, const RoceFaults& faults) : transport(transport_to_use) {
+  ContextOptions options{.progress = mode};
+  options.roce.faults = faults;
+  auto ctx = Context::open(options);
   if (!ctx) throw_errc("Context::open", ctx.error());
   context = std::move(*ctx);
   auto ch = EventChannel::create();

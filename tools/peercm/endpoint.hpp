@@ -111,7 +111,8 @@ Transport transport_option(const std::string& name);
 // One opened context and its CM event channel.
 // Its CmIds (resolve, listen_on) use `transport`.
 struct Device {
-  explicit Device(ProgressMode mode, Transport transport = Transport::iwarp);
+  // `faults`: the RoCE test hook (a lossy wire), for perf --drop.
+  explicit Device(ProgressMode mode, Transport transport = Transport::iwarp, const RoceFaults& faults = {});
   Transport transport;
   std::unique_ptr<Context> context;
   std::unique_ptr<EventChannel> channel;

@@ -482,6 +482,7 @@ struct PerfOptions {
   std::string crc;
   std::string progress = "thread";
   std::string transport = "iwarp";
+  double drop = 0;
   std::int64_t spin_us = -1;
   std::string wait = "poll";
   bool json = false;
@@ -533,11 +534,13 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
                        {"peercm", peercm},
                        {"tcp", tcp},
                        {"ratio", ratio},
+                       {"transport", o.transport},
                        {"progress", o.progress},
                        {"wait", o.wait},
                        {"crc", crc},
                        {"peercm_detail", detail_json(p, r.peercm)},
                        {"tcp_detail", detail_json(p, r.tcp)}};
+    if (o.drop > 0) out["drop"] = o.drop;
     if (p.mode == PerfMode::lat) {
       out["warmup"] = p.warmup;
       out["statistic"] = p.op == PerfOp::read ? "median completion time" : "median one-way (RTT/2)";
@@ -576,8 +579,9 @@ int run_loopback(const PerfOptions& o) {
   const auto crc = crc_option(o.crc);
   const ProgressMode mode = progress_option(o.progress);
   const Transport transport = transport_option(o.transport);
-  Device server_device(mode, transport);
-  Device client_device(mode, transport);
+  // Each context drops its own datagrams: both directions of the wire lose `drop`.
+  Device server_device(mode, transport, RoceFaults{.drop = o.drop, .seed = 1});
+  Device client_device(mode, transport, RoceFaults{.drop = o.drop, .seed = 2});
   const std::uint16_t port = o.loopback && o.port != kDefaultPort ? o.port : 0;
   // A RoCE node is an address, and (address, 4791) one socket: the server takes a random
   // 127/8 address so that runs side by side do not collide (the client gets its own).
@@ -676,6 +680,10 @@ void add_perf(CLI::App& app) {
       ->check(CLI::IsMember({"thread", "inline"}));
   cmd->add_option("--transport", o->transport, "iwarp (MPA over TCP) or roce (RoCEv2 over UDP 4791)")
       ->check(CLI::IsMember({"iwarp", "roce"}));
+  cmd->add_option("--drop", o->drop,
+                  "--loopback --transport roce: each end drops this fraction of the UDP datagrams it sends "
+                  "(a lossy wire; RC recovers)")
+      ->check(CLI::Range(0.0, 0.5));
   cmd->add_option("--spin-us", o->spin_us,
                   "Idle busy polls spin this long before yielding the CPU or, with --wait hybrid, "
                   "sleeping (-1: 0 with progress threads, 50 inline or hybrid)");
@@ -689,6 +697,8 @@ void add_perf(CLI::App& app) {
     g_wait = o->wait == "block" ? WaitPolicy::block : o->wait == "hybrid" ? WaitPolicy::hybrid : WaitPolicy::poll;
     if (!o->loopback && !o->server && o->client.empty())
       throw CLI::ValidationError("perf", "give --loopback, --server or --client ADDR");
+    if (o->drop > 0 && (!o->loopback || o->transport != "roce"))
+      throw CLI::ValidationError("perf", "--drop needs --loopback --transport roce");
     try {
       exit_status = o->loopback ? run_loopback(*o) : o->server ? run_server(*o) : run_client(*o);
     } catch (const ToolError& e) {

@@ -1,13 +1,10 @@
 #include "api/roce/fault_shim.hpp"
 
-#include <sys/socket.h>
-
-#include <cstring>
-
 namespace peercm::detail::roce {
 
-FaultShim::FaultShim(const RoceFaults& faults)
+FaultShim::FaultShim(const RoceFaults& faults, UdpSender& sender)
     : faults_(faults),
+      sender_(sender),
       active_(faults.drop > 0 || faults.duplicate > 0 || faults.reorder > 0),
       random_(faults.seed) {}
 
@@ -16,23 +13,13 @@ bool FaultShim::roll(double probability) {
   return std::uniform_real_distribution<double>(0.0, 1.0)(random_) < probability;
 }
 
-void FaultShim::transmit(int fd, const sockaddr_in& to, std::span<const iovec> pieces) {
-  msghdr message{};
-  message.msg_name = const_cast<sockaddr_in*>(&to);
-  message.msg_namelen = sizeof to;
-  message.msg_iov = const_cast<iovec*>(pieces.data());
-  message.msg_iovlen = pieces.size();
-  if (::sendmsg(fd, &message, MSG_DONTWAIT) < 0) ++send_failures_;
-}
-
 void FaultShim::send(int fd, const sockaddr_in& to, std::span<const iovec> pieces) {
   if (!active_) {
-    transmit(fd, to, pieces);
+    sender_.add(fd, to, pieces);
     return;
   }
   if (roll(faults_.drop)) return;
   if (!held_ && roll(faults_.reorder)) {
-    // The pieces point into registered memory that may change once the QP moves on: copy.
     Held held{.fd = fd, .to = to, .bytes = {}};
     for (const iovec& piece : pieces) {
       const auto* bytes = static_cast<const std::uint8_t*>(piece.iov_base);
@@ -41,8 +28,8 @@ void FaultShim::send(int fd, const sockaddr_in& to, std::span<const iovec> piece
     held_ = std::move(held);
     return;
   }
-  transmit(fd, to, pieces);
-  if (roll(faults_.duplicate)) transmit(fd, to, pieces);
+  sender_.add(fd, to, pieces);
+  if (roll(faults_.duplicate)) sender_.add(fd, to, pieces);
   release_held();
 }
 
@@ -51,7 +38,7 @@ void FaultShim::release_held() {
   Held held = std::move(*held_);
   held_.reset();
   const iovec piece{held.bytes.data(), held.bytes.size()};
-  transmit(held.fd, held.to, std::span(&piece, 1));
+  sender_.add(held.fd, held.to, std::span(&piece, 1));
 }
 
 }  // namespace peercm::detail::roce

@@ -11,22 +11,21 @@
 #include <span>
 #include <vector>
 
+#include "api/roce/udp_sender.hpp"
 #include "peercm/verbs.hpp"
 
 namespace peercm::detail::roce {
 
 class FaultShim {
  public:
-  explicit FaultShim(const RoceFaults& faults);
+  // What passes the faults goes on to `sender`.
+  FaultShim(const RoceFaults& faults, UdpSender& sender);
 
-  // One datagram to `to` from socket `fd`. A socket that refuses it (a full send buffer)
-  // loses it, as a congested link would: the CM and RC resend.
+  // One datagram to `to` from socket `fd`.
   void send(int fd, const sockaddr_in& to, std::span<const iovec> pieces);
   // A datagram held back for reordering leaves now if nothing followed it: the end of each
   // round of sending, so a hold never turns into a loss (nor outlives its socket).
   void release_held();
-
-  std::uint64_t send_failures() const { return send_failures_; }
 
  private:
   struct Held {
@@ -35,14 +34,13 @@ class FaultShim {
     std::vector<std::uint8_t> bytes;
   };
 
-  void transmit(int fd, const sockaddr_in& to, std::span<const iovec> pieces);
   bool roll(double probability);
 
   RoceFaults faults_;
+  UdpSender& sender_;
   bool active_;
   std::mt19937_64 random_;
   std::optional<Held> held_;
-  std::uint64_t send_failures_ = 0;
 };
 
 }  // namespace peercm::detail::roce

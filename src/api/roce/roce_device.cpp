@@ -1,11 +1,13 @@
 #include "api/roce/roce_device.hpp"
 
 #include <arpa/inet.h>
+#include <netinet/udp.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <random>
 
 #include "api/cm_id_impl.hpp"
@@ -32,6 +34,10 @@ int open_socket(Ipv4 address, std::errc& error) {
   }
   int mode = IP_PMTUDISC_DO;
   ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &mode, sizeof mode);
+  // Coalesced datagrams (a peer's GSO sends, GRO on a NIC) arrive as one read, split by
+  // on_readable(). A kernel without it hands them over one by one.
+  int on = 1;
+  ::setsockopt(fd, SOL_UDP, UDP_GRO, &on, sizeof on);
   // A window of full-PMTU packets arrives at once; without room the kernel drops them and
   // RC waits out its ACK timer. FORCE needs CAP_NET_ADMIN; the plain option is capped.
   int buffer = 8 << 20;
@@ -77,7 +83,7 @@ Ipv4 from_bytes(const core::ibcm::Ipv4Address& address) {
 RoceDevice::RoceDevice(ContextImpl& context, const RoceOptions& options)
     : ctx(context),
       options_(options),
-      faults_(options.faults),
+      faults_(options.faults, sender_),
       next_comm_id_(random_u32() | 1),
       next_service_port_(static_cast<std::uint16_t>(49152 + random_u32() % 8192)),
       buffers_(kBatch * kBufferSize) {}
@@ -213,13 +219,26 @@ void RoceDevice::on_readable(RocePort& port) {
       messages_[i].msg_hdr.msg_iovlen = 1;
       messages_[i].msg_hdr.msg_name = &sources_[i];
       messages_[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+      messages_[i].msg_hdr.msg_control = controls_[i].data();
+      messages_[i].msg_hdr.msg_controllen = kControlSize;
     }
     const int received = ::recvmmsg(port.fd, messages_.data(), kBatch, MSG_DONTWAIT, nullptr);
     if (received <= 0) break;
     const core::Time at = now();
     for (std::size_t i = 0; i < static_cast<std::size_t>(received); ++i) {
-      if (messages_[i].msg_hdr.msg_flags & MSG_TRUNC) continue;  // larger than any PMTU we use
-      on_datagram(port, std::span(buffers_.data() + i * kBufferSize, messages_[i].msg_len), sources_[i], at);
+      const msghdr& header = messages_[i].msg_hdr;
+      if (header.msg_flags & MSG_TRUNC) continue;  // larger than any datagram we send
+      const std::span<const std::uint8_t> bytes(buffers_.data() + i * kBufferSize, messages_[i].msg_len);
+      std::size_t segment = bytes.size();
+      for (const cmsghdr* cmsg = CMSG_FIRSTHDR(&header); cmsg != nullptr;
+           cmsg = CMSG_NXTHDR(const_cast<msghdr*>(&header), const_cast<cmsghdr*>(cmsg))) {
+        if (cmsg->cmsg_level != SOL_UDP || cmsg->cmsg_type != UDP_GRO) continue;
+        int size = 0;
+        std::memcpy(&size, CMSG_DATA(cmsg), sizeof size);
+        if (size > 0) segment = static_cast<std::size_t>(size);
+      }
+      for (std::size_t offset = 0; offset < bytes.size(); offset += segment)
+        on_datagram(port, bytes.subspan(offset, std::min(segment, bytes.size() - offset)), sources_[i], at);
     }
     if (static_cast<std::size_t>(received) < kBatch) break;
   }
@@ -336,6 +355,7 @@ void RoceDevice::pump() {
     }
   }
   faults_.release_held();
+  sender_.flush();
   pumping_ = false;
   rearm();
 }

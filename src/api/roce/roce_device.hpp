@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "api/roce/fault_shim.hpp"
+#include "api/roce/udp_sender.hpp"
 #include "core/ibcm/ibcm_agent.hpp"
 #include "core/roce/rc_datagram.hpp"
 #include "engine/reactor.hpp"
@@ -96,6 +97,7 @@ class RoceDevice {
   void rearm();
 
   RoceOptions options_;
+  UdpSender sender_;
   FaultShim faults_;
   std::map<Ipv4, std::unique_ptr<RocePort>> ports_;
   std::map<std::uint32_t, std::weak_ptr<QueuePairImpl>> qps_;  // by wire QPN
@@ -108,13 +110,16 @@ class RoceDevice {
   bool pumping_ = false;
   core::roce::RcDatagram datagram_;
   std::vector<iovec> pieces_;
-  // recvmmsg batch, shared by the ports (one runs at a time, under the lock).
-  static constexpr std::size_t kBatch = 32;
-  static constexpr std::size_t kBufferSize = 4608;  // PMTU 4096 + headers, pad and ICRC
+  // recvmmsg batch, shared by the ports (one runs at a time, under the lock). With UDP_GRO
+  // one message may hold up to 64 KiB of equal-size datagrams (udp_sender.hpp).
+  static constexpr std::size_t kBatch = 16;
+  static constexpr std::size_t kBufferSize = 65536;
+  static constexpr std::size_t kControlSize = CMSG_SPACE(sizeof(int));
   std::vector<std::uint8_t> buffers_;
   std::array<mmsghdr, kBatch> messages_{};
   std::array<iovec, kBatch> message_iovs_{};
   std::array<sockaddr_in, kBatch> sources_{};
+  std::array<std::array<std::uint8_t, kControlSize>, kBatch> controls_{};
 };
 
 }  // namespace peercm::detail::roce

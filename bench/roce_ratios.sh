@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# RoCE-path targets (issue: IB CM over RoCEv2), as ratios of the RoCEv2 transport to the
+# iWARP transport measured in the same run: `peercm perf --loopback` alternates the two
+# (iwarp, roce, iwarp, roce, ...) REPEAT times and reports the median of each and of the
+# per-pair ratios. Then the RoCE Write bandwidth on a wire that drops 1 % of the datagrams
+# each way (perf --drop), with the clean-wire RoCE figure of the same run beside it.
+#   usage: bench/roce_ratios.sh [REPEAT]   (default 5)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repeat=${1:-5}
+peercm=${PEERCM:-./build/release/tools/peercm/peercm}
+[[ -x $peercm ]] || { cmake --preset release >/dev/null && cmake --build --preset release --target peercm_tool >/dev/null; }
+
+value() {  # perf args... -> the peercm figure
+  "$peercm" perf --loopback --json "$@" | python3 -c 'import json,sys; print(json.load(sys.stdin)["peercm"])'
+}
+
+figure() {  # name target compare args...
+  local name=$1 target=$2 compare=$3; shift 3
+  local iwarp=() roce=()
+  for _ in $(seq "$repeat"); do
+    iwarp+=("$(value --transport iwarp "$@")")
+    roce+=("$(value --transport roce "$@")")
+  done
+  python3 - "$name" "$target" "$compare" "${iwarp[*]}" "${roce[*]}" <<'PY'
+import statistics, sys
+name, target, compare, iwarp, roce = sys.argv[1:]
+iwarp = [float(x) for x in iwarp.split()]
+roce = [float(x) for x in roce.split()]
+ratios = sorted(r / i for i, r in zip(iwarp, roce))
+m = statistics.median(ratios)
+ok = m <= float(target) if compare == "le" else m >= float(target)
+print(f"{name:<30} iwarp {statistics.median(iwarp):8.2f}  roce {statistics.median(roce):8.2f}  "
+      f"median ratio roce/iwarp {m:5.2f}  (pairs {', '.join(f'{x:.2f}' for x in ratios)})  "
+      f"target {'<=' if compare == 'le' else '>='} {target}  {'PASS' if ok else 'FAIL'}")
+PY
+}
+
+figure "send latency 8 B (us)"        1.10 le --op send  --mode lat --size 8 --iters 3000
+figure "write bandwidth 1 MiB (MB/s)" 0.70 ge --op write --mode bw  --size 1048576 --iters 300
+
+clean=() lossy=()
+for _ in $(seq "$repeat"); do
+  clean+=("$(value --transport roce --op write --mode bw --size 1048576 --iters 200)")
+  lossy+=("$(value --transport roce --op write --mode bw --size 1048576 --iters 200 --drop 0.01)")
+done
+python3 - "${clean[*]}" "${lossy[*]}" <<'PY'
+import statistics, sys
+clean = [float(x) for x in sys.argv[1].split()]
+lossy = [float(x) for x in sys.argv[2].split()]
+print(f"{'roce write 1 MiB, 1% drop':<30} clean {statistics.median(clean):8.2f}  lossy {statistics.median(lossy):8.2f} MB/s  "
+      f"(lossy runs {', '.join(f'{x:.0f}' for x in sorted(lossy))}; every Write completed, perf fails otherwise)")
+PY

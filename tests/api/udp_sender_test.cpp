@@ -1,0 +1,120 @@
+// The RoCE device's batched UDP output (api/roce/udp_sender.hpp): order, contents and
+// datagram boundaries survive batching, equal-size datagrams to one loopback destination
+// share a GSO send, and a refused datagram is counted, not silently kept.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/udp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "api/roce/udp_sender.hpp"
+
+namespace peercm::detail::roce {
+namespace {
+
+struct UdpSocket {
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ~UdpSocket() { ::close(fd); }
+  sockaddr_in bind_loopback() {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    socklen_t length = sizeof address;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+    return address;
+  }
+  // Without UDP_GRO the kernel hands a GSO send over datagram by datagram.
+  std::vector<std::vector<std::uint8_t>> receive_all() {
+    std::vector<std::vector<std::uint8_t>> out;
+    for (;;) {
+      pollfd ready{fd, POLLIN, 0};
+      if (::poll(&ready, 1, 200) <= 0) return out;
+      std::vector<std::uint8_t> bytes(70000);
+      const ssize_t n = ::recv(fd, bytes.data(), bytes.size(), 0);
+      if (n < 0) return out;
+      bytes.resize(static_cast<std::size_t>(n));
+      out.push_back(std::move(bytes));
+    }
+  }
+};
+
+std::vector<std::uint8_t> datagram(std::uint8_t tag, std::size_t size) {
+  std::vector<std::uint8_t> bytes(size);
+  for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<std::uint8_t>(tag + i);
+  return bytes;
+}
+
+// Each datagram in two pieces, as the RC core hands them over (header, payload).
+void add(UdpSender& sender, int fd, const sockaddr_in& to, const std::vector<std::uint8_t>& bytes) {
+  const std::size_t split = bytes.size() / 3;
+  const iovec pieces[2] = {{const_cast<std::uint8_t*>(bytes.data()), split},
+                           {const_cast<std::uint8_t*>(bytes.data() + split), bytes.size() - split}};
+  sender.add(fd, to, pieces);
+}
+
+TEST(UdpSender, BatchesKeepOrderContentsAndBoundaries) {
+  UdpSocket from, first, second;
+  const sockaddr_in to_first = first.bind_loopback();
+  const sockaddr_in to_second = second.bind_loopback();
+  UdpSender sender;
+  std::vector<std::vector<std::uint8_t>> expected_first, expected_second;
+  // Five full-size datagrams, a shorter last one (they may share one GSO send), one more
+  // full-size datagram after it (the shorter one closed that send), and two to another socket.
+  for (std::uint8_t i = 0; i < 5; ++i) expected_first.push_back(datagram(i, 1200));
+  expected_first.push_back(datagram(9, 300));
+  expected_first.push_back(datagram(11, 1200));
+  expected_second.push_back(datagram(20, 64));
+  expected_second.push_back(datagram(21, 64));
+  for (const auto& bytes : expected_first) add(sender, from.fd, to_first, bytes);
+  for (const auto& bytes : expected_second) add(sender, from.fd, to_second, bytes);
+  // The sender copied them: changing the sources now must not change what leaves.
+  std::vector<std::uint8_t> scratch = datagram(0, 1200);
+  add(sender, from.fd, to_first, scratch);
+  expected_first.push_back(scratch);
+  scratch.assign(scratch.size(), 0xEE);
+  sender.flush();
+
+  EXPECT_EQ(first.receive_all(), expected_first);
+  EXPECT_EQ(second.receive_all(), expected_second);
+  EXPECT_EQ(sender.datagrams(), 10u);
+  EXPECT_EQ(sender.send_failures(), 0u);
+  // One socket, so one sendmmsg for all of it.
+  EXPECT_EQ(sender.system_calls(), 1u);
+}
+
+// More than the kernel takes in one GSO send (it refuses the whole send beyond 64 segments).
+TEST(UdpSender, GsoSendsStayWithinTheKernelsSegmentLimit) {
+  UdpSocket from, to;
+  const sockaddr_in address = to.bind_loopback();
+  int big = 4 << 20;
+  ::setsockopt(to.fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  UdpSender sender;
+  const std::size_t count = UdpSender::kMaxSegments * 2 + 3;
+  std::vector<std::vector<std::uint8_t>> expected;
+  for (std::size_t i = 0; i < count; ++i) expected.push_back(datagram(static_cast<std::uint8_t>(i), 256));
+  for (const auto& bytes : expected) add(sender, from.fd, address, bytes);
+  sender.flush();
+  EXPECT_EQ(to.receive_all(), expected);
+  EXPECT_EQ(sender.send_failures(), 0u);
+  EXPECT_EQ(sender.system_calls(), 1u);  // three GSO sends in one sendmmsg, no fallback
+}
+
+TEST(UdpSender, ARefusedDatagramIsCounted) {
+  UdpSocket from;
+  sockaddr_in nowhere{};
+  nowhere.sin_family = AF_INET;
+  nowhere.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  nowhere.sin_port = 0;  // port 0: the kernel refuses to send there
+  UdpSender sender;
+  add(sender, from.fd, nowhere, datagram(1, 100));
+  sender.flush();
+  EXPECT_EQ(sender.send_failures(), 1u);
+}
+
+}  // namespace
+}  // namespace peercm::detail::roce
