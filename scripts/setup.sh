@@ -5,11 +5,14 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/apt.sh
 source "$(dirname "$0")/lib/apt.sh"
 
+# tshark decodes the tshark_tests' captures; wireshark-common (a dependency of tshark, named
+# for its dumpcap) captures loopback traffic for the live RoCE test, which needs root or
+# CAP_NET_RAW and skips without.
 packages=(
   g++ cmake ninja-build pkg-config git python3
   libgtest-dev libgmock-dev libbenchmark-dev librapidcheck-dev
   libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev
-  tshark iproute2
+  tshark wireshark-common iproute2
   libpmix-dev openmpi-bin
 )
 

@@ -1,13 +1,24 @@
 #include "tshark_support.hpp"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
+
+extern char** environ;
 
 namespace peercm::tshark {
 namespace {
@@ -61,8 +72,8 @@ std::string attribute(std::string_view element, std::string_view name) {
 
 }  // namespace
 
-std::optional<std::string> find_tshark() {
-  if (const char* forced = std::getenv("TSHARK"); forced != nullptr && *forced != '\0') {
+std::optional<std::string> find_program(std::string_view name, const char* env_override) {
+  if (const char* forced = std::getenv(env_override); forced != nullptr && *forced != '\0') {
     if (::access(forced, X_OK) == 0) return std::string(forced);
     return std::nullopt;
   }
@@ -72,11 +83,13 @@ std::optional<std::string> find_tshark() {
   std::string dir;
   while (std::getline(dirs, dir, ':')) {
     if (dir.empty()) continue;
-    const std::string candidate = dir + "/tshark";
+    const std::string candidate = dir + "/" + std::string(name);
     if (::access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return std::nullopt;
 }
+
+std::optional<std::string> find_tshark() { return find_program("tshark", "TSHARK"); }
 
 std::string shell_quote(std::string_view s) {
   std::string out = "'";
@@ -198,6 +211,90 @@ std::optional<Bytes> from_hex(std::string_view hex) {
   }
   return out;
 }
+// ---------------------------------------------------------------------------------------
+
+LiveCapture::~LiveCapture() {
+  if (pid_ > 0) stop();
+}
+
+LiveCapture::StartResult LiveCapture::start(const std::string& dumpcap, const std::string& interface,
+                                            const std::string& filter, const std::filesystem::path& file,
+                                            const std::filesystem::path& stderr_file) {
+  file_ = file;
+  command_ = shell_quote(dumpcap) + " -i " + shell_quote(interface) + " -f " + shell_quote(filter) + " -w " +
+             shell_quote(file.string());
+  std::vector<std::string> args = {dumpcap, "-i", interface, "-f", filter, "-w", file.string()};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, dumpcap.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return {Start::failed, "posix_spawn " + dumpcap + ": " + std::strerror(rc)};
+  pid_ = pid;
+  // dumpcap prints "File: <name>" once the interface is open, the filter set and the
+  // output file created.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::string err = read_text_file(stderr_file);
+    if (err.find("File: ") != std::string::npos) return {Start::started, {}};
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      const std::string final_err = read_text_file(stderr_file);
+      const bool denied = final_err.find("ermission") != std::string::npos ||
+                          final_err.find("not permitted") != std::string::npos;
+      return {denied ? Start::not_permitted : Start::failed, final_err};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  stop();
+  return {Start::failed, "dumpcap did not report its capture file within 10 s:\n" + read_text_file(stderr_file)};
+}
+
+bool LiveCapture::wait_for_marker(std::uint32_t to_address, std::uint16_t to_port, std::string_view marker,
+                                  std::chrono::milliseconds timeout) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(to_port);
+  to.sin_addr.s_addr = htonl(to_address);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool seen = false;
+  while (!seen && std::chrono::steady_clock::now() < deadline) {
+    (void)::sendto(fd, marker.data(), marker.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    seen = read_text_file(file_).find(marker) != std::string::npos;
+  }
+  ::close(fd);
+  return seen;
+}
+
+bool LiveCapture::stop() {
+  if (pid_ <= 0) return false;
+  const pid_t pid = pid_;
+  pid_ = -1;
+  ::kill(pid, SIGINT);
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  pid_t done = 0;
+  while ((done = ::waitpid(pid, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    return false;
+  }
+  return done == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 // ---------------------------------------------------------------------------------------
 
 void TsharkTest::SetUp() {

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -22,6 +23,8 @@ namespace peercm::tshark {
 using Bytes = std::vector<std::uint8_t>;
 
 std::optional<std::string> find_tshark();
+// `name` on PATH, or the binary the environment variable `env_override` names when it is set.
+std::optional<std::string> find_program(std::string_view name, const char* env_override);
 std::string shell_quote(std::string_view s);
 
 struct CommandResult {
@@ -72,6 +75,47 @@ std::optional<std::uint64_t> field_number(const PdmlField* field);
 
 std::string to_hex(std::span<const std::uint8_t> bytes);
 std::optional<Bytes> from_hex(std::string_view hex);
+
+// ---------------------------------------------------------------------------------------
+// Live capture: dumpcap (Wireshark's capture engine, package wireshark-common, which tshark
+// depends on) writing an interface's traffic to a file in the background.
+
+class LiveCapture {
+ public:
+  enum class Start : std::uint8_t { started, not_permitted, failed };
+  struct StartResult {
+    Start status = Start::failed;
+    std::string message;  // dumpcap's stderr when it did not start
+  };
+
+  LiveCapture() = default;
+  LiveCapture(const LiveCapture&) = delete;
+  LiveCapture& operator=(const LiveCapture&) = delete;
+  ~LiveCapture();  // stops a running capture
+
+  // Starts `dumpcap -i interface -f filter -w file` and returns once dumpcap reports the
+  // file open (the capture and its filter are active then), or it exited: not_permitted
+  // when it lacked the privilege (root or CAP_NET_RAW), failed otherwise.
+  StartResult start(const std::string& dumpcap, const std::string& interface, const std::string& filter,
+                    const std::filesystem::path& file, const std::filesystem::path& stderr_file);
+
+  // Sends UDP datagrams carrying `marker` to `to_address`:`to_port` (IPv4, host order) until
+  // the marker shows up in the capture file: everything the kernel handed the capture before
+  // it is then in the file too (dumpcap writes in arrival order and flushes periodically).
+  // False after `timeout`.
+  bool wait_for_marker(std::uint32_t to_address, std::uint16_t to_port, std::string_view marker,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
+  // SIGINT, then waits for dumpcap to finish the file. True when it exited cleanly.
+  bool stop();
+
+  const std::string& command() const { return command_; }
+
+ private:
+  int pid_ = -1;
+  std::filesystem::path file_;
+  std::string command_;
+};
 
 // ---------------------------------------------------------------------------------------
 
