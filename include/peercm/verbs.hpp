@@ -44,6 +44,10 @@ struct RoceOptions {
   std::uint8_t cm_packet_lifetime = 16;
   std::uint8_t cm_response_timeout = 20;
   std::uint8_t cm_max_retries = 15;
+  // Consecutive datagrams of one size to one loopback destination leave as one UDP GSO send
+  // (docs/roce-transport.md). A packet capture on lo sees such a send as one large frame;
+  // turn this off to capture one frame per RoCE packet.
+  bool coalesce = true;
   RoceFaults faults;
 };
 

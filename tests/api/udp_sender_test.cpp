@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "api/roce/udp_sender.hpp"
@@ -102,6 +103,46 @@ TEST(UdpSender, GsoSendsStayWithinTheKernelsSegmentLimit) {
   EXPECT_EQ(to.receive_all(), expected);
   EXPECT_EQ(sender.send_failures(), 0u);
   EXPECT_EQ(sender.system_calls(), 1u);  // three GSO sends in one sendmmsg, no fallback
+}
+
+// A UDP_GRO socket (the device's 4791 sockets) takes a coalesced send in one read, with the
+// datagram size beside it; with coalescing off it reads each datagram alone.
+TEST(UdpSender, GroSocketReadsACoalescedSendAtOnceUnlessCoalescingIsOff) {
+  for (const bool coalesce : {true, false}) {
+    UdpSocket from, to;
+    const sockaddr_in address = to.bind_loopback();
+    int on = 1;
+    ASSERT_EQ(::setsockopt(to.fd, SOL_UDP, UDP_GRO, &on, sizeof on), 0);
+    UdpSender sender(coalesce);
+    for (std::uint8_t i = 0; i < 6; ++i) add(sender, from.fd, address, datagram(i, 1000));
+    sender.flush();
+    std::vector<std::size_t> reads, segments;
+    for (;;) {
+      pollfd ready{to.fd, POLLIN, 0};
+      if (::poll(&ready, 1, 200) <= 0) break;
+      std::vector<std::uint8_t> bytes(70000);
+      alignas(cmsghdr) std::uint8_t control[CMSG_SPACE(sizeof(int))] = {};
+      iovec piece{bytes.data(), bytes.size()};
+      msghdr header{};
+      header.msg_iov = &piece;
+      header.msg_iovlen = 1;
+      header.msg_control = control;
+      header.msg_controllen = sizeof control;
+      const ssize_t n = ::recvmsg(to.fd, &header, 0);
+      ASSERT_GT(n, 0);
+      reads.push_back(static_cast<std::size_t>(n));
+      int segment = 0;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&header); c != nullptr; c = CMSG_NXTHDR(&header, c))
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) std::memcpy(&segment, CMSG_DATA(c), sizeof segment);
+      segments.push_back(static_cast<std::size_t>(segment));
+    }
+    if (coalesce) {
+      EXPECT_EQ(reads, std::vector<std::size_t>{6000});
+      EXPECT_EQ(segments, std::vector<std::size_t>{1000});
+    } else {
+      EXPECT_EQ(reads, std::vector<std::size_t>(6, 1000));
+    }
+  }
 }
 
 TEST(UdpSender, ARefusedDatagramIsCounted) {

@@ -143,8 +143,13 @@ TEST_F(RoceLiveCaptureTest, TsharkDecodesTheLiveCmExchangeAndRcTraffic) {
   pcap_path_ = dir_ / "peercm-roce-live.pcapng";
   SCOPED_TRACE("capture: " + pcap_path_.string());
 
-  Side server(ContextOptions{.node_guid = kServerGuid});
-  Side client(ContextOptions{.node_guid = kClientGuid});
+  // One frame per RoCE packet: a coalesced (GSO) send would reach the capture as one frame.
+  ContextOptions server_options{.node_guid = kServerGuid};
+  ContextOptions client_options{.node_guid = kClientGuid};
+  server_options.roce.coalesce = false;
+  client_options.roce.coalesce = false;
+  Side server(server_options);
+  Side client(client_options);
   auto listener = std::move(CmId::create(*server.context, *server.channel, nullptr, Transport::roce).value());
   ASSERT_TRUE(listener->bind(endpoint(server_address, kServicePort)));
   ASSERT_TRUE(listener->listen(16));

@@ -83,6 +83,7 @@ Ipv4 from_bytes(const core::ibcm::Ipv4Address& address) {
 RoceDevice::RoceDevice(ContextImpl& context, const RoceOptions& options)
     : ctx(context),
       options_(options),
+      sender_(options.coalesce),
       faults_(options.faults, sender_),
       next_comm_id_(random_u32() | 1),
       next_service_port_(static_cast<std::uint16_t>(49152 + random_u32() % 8192)),

@@ -20,7 +20,7 @@ bool is_loopback(const sockaddr_in& to) { return (ntohl(to.sin_addr.s_addr) >> 2
 
 }  // namespace
 
-UdpSender::UdpSender() : arena_(kArenaBytes) {
+UdpSender::UdpSender(bool coalesce) : arena_(kArenaBytes), gso_(coalesce) {
   messages_.reserve(kMaxMessages);
   headers_.resize(kMaxMessages);
   iovs_.resize(kMaxMessages);

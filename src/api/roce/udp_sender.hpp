@@ -23,7 +23,8 @@ namespace peercm::detail::roce {
 
 class UdpSender {
  public:
-  UdpSender();
+  // `coalesce` false: never GSO, each datagram its own message (RoceOptions::coalesce).
+  explicit UdpSender(bool coalesce = true);
 
   // Copies the datagram (its pieces may point into memory that changes once the QP moves
   // on) and queues it behind the ones queued before; it leaves at the next flush(), or
