@@ -1,10 +1,13 @@
 // The RDMA data path over loopback through the public API: every operation at sizes from
-// 0 B to 16 MiB, with CRC on and off, plus the error paths that end in a Terminate.
+// 0 B to 16 MiB, over iWARP with CRC on and off and over RoCEv2, plus the error paths that
+// end in a Terminate.
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
+#include <tuple>
 
 #include "loopback_pair.hpp"
 
@@ -20,10 +23,12 @@ std::vector<std::uint8_t> pattern(std::size_t size, unsigned seed) {
 
 struct SizeCase {
   std::size_t size;
-  bool crc;
+  bool crc;  // iWARP's MPA CRC; RoCE always has its ICRC
+  Transport transport = Transport::iwarp;
 };
 
 std::string name_of(const testing::TestParamInfo<SizeCase>& info) {
+  if (info.param.transport == Transport::roce) return std::to_string(info.param.size) + "_roce";
   return std::to_string(info.param.size) + (info.param.crc ? "_crc" : "_nocrc");
 }
 
@@ -32,6 +37,7 @@ class DataPath : public testing::TestWithParam<SizeCase> {
   void SetUp() override {
     Options options;
     options.crc = GetParam().crc ? 0 : 2;
+    options.transport = GetParam().transport;
     pair_ = LoopbackPair::connected(options);
   }
   std::unique_ptr<LoopbackPair> pair_;
@@ -117,9 +123,31 @@ INSTANTIATE_TEST_SUITE_P(Sizes, DataPath,
                                          SizeCase{1 << 20, false}, SizeCase{(1 << 20) + 3, true},
                                          SizeCase{16 << 20, false}, SizeCase{16 << 20, true}),
                          name_of);
+INSTANTIATE_TEST_SUITE_P(RoceSizes, DataPath,
+                         testing::Values(SizeCase{0, true, Transport::roce}, SizeCase{1, true, Transport::roce},
+                                         SizeCase{4095, true, Transport::roce},
+                                         SizeCase{65536 + 7, true, Transport::roce},
+                                         SizeCase{(1 << 20) + 3, true, Transport::roce},
+                                         SizeCase{16 << 20, true, Transport::roce}),
+                         name_of);
 
-TEST(DataPathOrdering, ReadsBeyondOrdWaitAndCompleteInOrder) {
+// The ordering, feature and error tests run on both transports.
+Options options_for(Transport transport) {
   Options options;
+  options.transport = transport;
+  return options;
+}
+
+std::string transport_name(const testing::TestParamInfo<Transport>& info) {
+  return std::string(to_string(info.param));
+}
+
+class DataPathOrdering : public testing::TestWithParam<Transport> {};
+class DataPathFeatures : public testing::TestWithParam<Transport> {};
+class DataPathErrors : public testing::TestWithParam<Transport> {};
+
+TEST_P(DataPathOrdering, ReadsBeyondOrdWaitAndCompleteInOrder) {
+  Options options = options_for(GetParam());
   options.client_param.initiator_depth = 1;  // ORD 1
   options.server_param.responder_resources = 1;
   auto pair = LoopbackPair::connected(options);
@@ -143,16 +171,16 @@ TEST(DataPathOrdering, ReadsBeyondOrdWaitAndCompleteInOrder) {
   }
 }
 
-TEST(DataPathOrdering, ManyQueuePairsAtOnce) {
-  Options options;
+TEST_P(DataPathOrdering, ManyQueuePairsAtOnce) {
+  Options options = options_for(GetParam());
   LoopbackPair pair(options);
   constexpr int kPairs = 16;
   std::vector<std::unique_ptr<CmId>> clients, servers;
   for (int i = 0; i < kPairs; ++i) {
-    auto id = std::move(CmId::create(*pair.client.context, *pair.client.channel).value());
+    auto id = std::move(CmId::create(*pair.client.context, *pair.client.channel, nullptr, GetParam()).value());
     // One connection per p2p key (design.md §3 rule 5): each pair of ids uses its own tag.
     ASSERT_TRUE(id->set_option(CmOption::p2p_tag, i));
-    ASSERT_TRUE(id->resolve_addr(loopback(pair.port)));
+    ASSERT_TRUE(id->resolve_addr(pair.address));
     expect_event(*pair.client.channel, CmEventType::addr_resolved);
     ASSERT_TRUE(id->resolve_route());
     expect_event(*pair.client.channel, CmEventType::route_resolved);
@@ -186,8 +214,8 @@ TEST(DataPathOrdering, ManyQueuePairsAtOnce) {
   for (int i = 0; i < kPairs; ++i) EXPECT_TRUE(sinks[static_cast<std::size_t>(i)] == sources[static_cast<std::size_t>(i)]);
 }
 
-TEST(DataPathFeatures, SendWithInvalidateRevokesTheRegion) {
-  auto pair = LoopbackPair::connected();
+TEST_P(DataPathFeatures, SendWithInvalidateRevokesTheRegion) {
+  auto pair = LoopbackPair::connected(options_for(GetParam()));
   std::vector<std::uint8_t> exposed(128, 0), msg(16, 7), sink(16);
   auto exposed_mr = pair->server.region(exposed);
   auto msg_mr = pair->client.region(msg);
@@ -212,8 +240,8 @@ TEST(DataPathFeatures, SendWithInvalidateRevokesTheRegion) {
   EXPECT_EQ(exposed[0], 0) << "nothing placed through an invalidated STag";
 }
 
-TEST(DataPathFeatures, SolicitedEventWakesOnlyOnSolicitedSends) {
-  Options options;
+TEST_P(DataPathFeatures, SolicitedEventWakesOnlyOnSolicitedSends) {
+  Options options = options_for(GetParam());
   LoopbackPair pair(options);
   auto channel = std::move(CompletionChannel::create(*pair.server.context).value());
   pair.server.cq = std::move(CompletionQueue::create(*pair.server.context, 64, channel.get()).value());
@@ -240,8 +268,8 @@ TEST(DataPathFeatures, SolicitedEventWakesOnlyOnSolicitedSends) {
   pair.server.cq.reset();
 }
 
-TEST(DataPathFeatures, InlineSendCopiesAtPostTime) {
-  auto pair = LoopbackPair::connected();
+TEST_P(DataPathFeatures, InlineSendCopiesAtPostTime) {
+  auto pair = LoopbackPair::connected(options_for(GetParam()));
   std::vector<std::uint8_t> msg(48, 9), sink(48);
   auto sink_mr = pair->server.region(sink);
   ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = 1, .sg_list = {sink_mr->sge()}}));
@@ -264,11 +292,11 @@ struct Violation {
   bool wrong_key;
 };
 
-class RemoteAccessViolation : public testing::TestWithParam<Violation> {};
+class RemoteAccessViolation : public testing::TestWithParam<std::tuple<Violation, Transport>> {};
 
 TEST_P(RemoteAccessViolation, TerminatesAndFlushesEverything) {
-  const Violation& v = GetParam();
-  auto pair = LoopbackPair::connected();
+  const Violation& v = std::get<0>(GetParam());
+  auto pair = LoopbackPair::connected(options_for(std::get<1>(GetParam())));
   std::vector<std::uint8_t> exposed(4096, 0x42), local(8192, 0x17), recv_buf(64);
   auto exposed_mr = pair->server.region(exposed, v.access);
   auto local_mr = pair->client.region(local);
@@ -307,16 +335,19 @@ const std::uint32_t kAll = kAccessLocalWrite | kAccessRemoteWrite | kAccessRemot
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, RemoteAccessViolation,
-    testing::Values(Violation{"WriteWrongKey", kAll, WrOpcode::rdma_write, 0, 64, true},
+    testing::Combine(testing::Values(Violation{"WriteWrongKey", kAll, WrOpcode::rdma_write, 0, 64, true},
                     Violation{"WritePastEnd", kAll, WrOpcode::rdma_write, 4000, 200, false},
                     Violation{"WriteBeforeStart", kAll, WrOpcode::rdma_write, -8, 16, false},
                     Violation{"WriteWithoutRight", kAccessLocalWrite | kAccessRemoteRead, WrOpcode::rdma_write, 0, 64, false},
                     Violation{"ReadWrongKey", kAll, WrOpcode::rdma_read, 0, 64, true},
                     Violation{"ReadPastEnd", kAll, WrOpcode::rdma_read, 4090, 64, false},
                     Violation{"ReadWithoutRight", kAccessLocalWrite | kAccessRemoteWrite, WrOpcode::rdma_read, 0, 64, false}),
-    [](const testing::TestParamInfo<Violation>& param_info) { return param_info.param.name; });
+                     testing::Values(Transport::iwarp, Transport::roce)),
+    [](const testing::TestParamInfo<std::tuple<Violation, Transport>>& param_info) {
+      return std::get<0>(param_info.param).name + "_" + std::string(to_string(std::get<1>(param_info.param)));
+    });
 
-TEST(DataPathErrors, SendWithoutPostedReceiveTerminatesBothSides) {
+TEST(DataPathIwarpErrors, SendWithoutPostedReceiveTerminatesBothSides) {
   auto pair = LoopbackPair::connected();
   std::vector<std::uint8_t> msg(32, 1), client_recv(8);
   auto msg_mr = pair->client.region(msg);
@@ -332,8 +363,29 @@ TEST(DataPathErrors, SendWithoutPostedReceiveTerminatesBothSides) {
   EXPECT_TRUE(flushed_recv);
 }
 
-TEST(DataPathErrors, PeerGoneMidTransferDisconnectsAndFlushes) {
-  auto pair = LoopbackPair::connected();
+// RC over RoCE answers a Send with no receive posted with an RNR NAK and, with rnr_retry 7,
+// retries until one is posted: the Send is late, not lost, and nothing fails.
+TEST(DataPathRoce, SendWithoutPostedReceiveWaitsForTheReceive) {
+  auto pair = LoopbackPair::connected(options_for(Transport::roce));
+  std::vector<std::uint8_t> msg(32, 1), sink(32, 0);
+  auto msg_mr = pair->client.region(msg);
+  auto sink_mr = pair->server.region(sink);
+  ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = 51, .opcode = WrOpcode::send, .sg_list = {msg_mr->sge()}}));
+  std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(poll_n(*pair->server.cq, 1, 10ms).empty()) << "nothing can arrive without a receive";
+  ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = 52, .sg_list = {sink_mr->sge()}}));
+  auto recv = poll_n(*pair->server.cq, 1);
+  auto sent = poll_n(*pair->client.cq, 1);
+  ASSERT_EQ(recv.size(), 1u);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(recv[0].status, WcStatus::success);
+  EXPECT_EQ(sent[0].status, WcStatus::success);
+  EXPECT_EQ(sink, msg);
+  EXPECT_EQ(pair->client.qp->state(), QpState::rts);
+}
+
+TEST_P(DataPathErrors, PeerGoneMidTransferDisconnectsAndFlushes) {
+  auto pair = LoopbackPair::connected(options_for(GetParam()));
   std::vector<std::uint8_t> big(8 << 20, 1), sink(8 << 20);
   auto big_mr = pair->client.region(big);
   auto sink_mr = pair->server.region(sink);
@@ -352,8 +404,8 @@ TEST(DataPathErrors, PeerGoneMidTransferDisconnectsAndFlushes) {
   for (auto& wc : done) EXPECT_EQ(wc.status, WcStatus::wr_flush_error);
 }
 
-TEST(DataPathErrors, BadWorkRequestsAreRejectedAtPost) {
-  auto pair = LoopbackPair::connected();
+TEST_P(DataPathErrors, BadWorkRequestsAreRejectedAtPost) {
+  auto pair = LoopbackPair::connected(options_for(GetParam()));
   std::vector<std::uint8_t> buf(64);
   auto mr = pair->client.region(buf);
   SendWr too_many_sges{.wr_id = 1, .opcode = WrOpcode::send, .sg_list = std::vector<Sge>(9, mr->sge(0, 1))};
@@ -365,8 +417,8 @@ TEST(DataPathErrors, BadWorkRequestsAreRejectedAtPost) {
             std::errc::invalid_argument);
 }
 
-TEST(DataPathErrors, CompletionQueueOverrunIsReportedNotCorrupting) {
-  Options options;
+TEST_P(DataPathErrors, CompletionQueueOverrunIsReportedNotCorrupting) {
+  Options options = options_for(GetParam());
   LoopbackPair pair(options);
   pair.client.cq = std::move(CompletionQueue::create(*pair.client.context, 2).value());
   pair.start_client(options);
@@ -388,6 +440,13 @@ TEST(DataPathErrors, CompletionQueueOverrunIsReportedNotCorrupting) {
   pair.server.id.reset();
   pair.client.cq.reset();
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, DataPathOrdering, testing::Values(Transport::iwarp, Transport::roce),
+                         transport_name);
+INSTANTIATE_TEST_SUITE_P(Transports, DataPathFeatures, testing::Values(Transport::iwarp, Transport::roce),
+                         transport_name);
+INSTANTIATE_TEST_SUITE_P(Transports, DataPathErrors, testing::Values(Transport::iwarp, Transport::roce),
+                         transport_name);
 
 }  // namespace
 }  // namespace peercm::test

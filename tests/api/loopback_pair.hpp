@@ -1,5 +1,7 @@
-// Test fixture: two contexts connected over 127.0.0.1 through the public API, as an
-// application would do it (listen / resolve / connect / accept with events).
+// Test fixture: two contexts connected over loopback through the public API, as an
+// application would do it (listen / resolve / connect / accept with events), over iWARP
+// (127.0.0.1) or RoCEv2 (a random 127/8 server address: a RoCE node is one address, and
+// parallel test processes must not share (address, 4791)).
 #pragma once
 
 #include <arpa/inet.h>
@@ -7,6 +9,7 @@
 
 #include <chrono>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "peercm/cm.hpp"
@@ -21,6 +24,18 @@ inline sockaddr_in loopback(std::uint16_t port) {
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return a;
+}
+
+inline sockaddr_in random_loopback(std::uint16_t port) {
+  static std::mt19937 random{std::random_device{}()};
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  const std::uint32_t host = (127u << 24) | (std::uniform_int_distribution<std::uint32_t>(1, 254)(random) << 16) |
+                             (std::uniform_int_distribution<std::uint32_t>(0, 255)(random) << 8) |
+                             std::uniform_int_distribution<std::uint32_t>(1, 254)(random);
+  a.sin_addr.s_addr = htonl(host);
   return a;
 }
 
@@ -82,6 +97,7 @@ struct Options {
   ConnParam client_param;
   ConnParam server_param;
   ContextOptions context;
+  Transport transport = Transport::iwarp;
 };
 
 // A listening server and a client connected to it.
@@ -89,24 +105,27 @@ struct LoopbackPair {
   Side server;
   Side client;
   std::unique_ptr<CmId> listener;
+  sockaddr_in address{};  // the listener's
   std::uint16_t port = 0;
   CmEvent request;  // the CONNECT_REQUEST the server saw
   ConnParam client_established;
 
   explicit LoopbackPair(const Options& options = {}) : server(options.context), client(options.context) {
-    listener = std::move(CmId::create(*server.context, *server.channel).value());
+    listener = std::move(CmId::create(*server.context, *server.channel, nullptr, options.transport).value());
     EXPECT_TRUE(listener->set_option(CmOption::crc, options.crc));
-    EXPECT_TRUE(listener->bind(loopback(0)));
+    const bool roce = options.transport == Transport::roce;
+    EXPECT_TRUE(listener->bind(roce ? random_loopback(0) : loopback(0)));
     EXPECT_TRUE(listener->listen(16));
-    port = ntohs(listener->local_address().sin_port);
+    address = listener->local_address();
+    port = ntohs(address.sin_port);
   }
 
   // Starts the client side up to connect(); returns false on a setup failure.
   void start_client(const Options& options) {
-    client.id = std::move(CmId::create(*client.context, *client.channel).value());
+    client.id = std::move(CmId::create(*client.context, *client.channel, nullptr, options.transport).value());
     EXPECT_TRUE(client.id->set_option(CmOption::peer_to_peer, options.peer_to_peer ? 1 : 0));
     EXPECT_TRUE(client.id->set_option(CmOption::crc, options.crc));
-    EXPECT_TRUE(client.id->resolve_addr(loopback(port)));
+    EXPECT_TRUE(client.id->resolve_addr(address));
     expect_event(*client.channel, CmEventType::addr_resolved);
     EXPECT_TRUE(client.id->resolve_route());
     expect_event(*client.channel, CmEventType::route_resolved);

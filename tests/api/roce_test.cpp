@@ -15,18 +15,6 @@
 namespace peercm::test {
 namespace {
 
-sockaddr_in random_loopback(std::uint16_t port) {
-  static std::mt19937 random{std::random_device{}()};
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  const std::uint32_t host = (127u << 24) | (std::uniform_int_distribution<std::uint32_t>(1, 254)(random) << 16) |
-                             (std::uniform_int_distribution<std::uint32_t>(0, 255)(random) << 8) |
-                             std::uniform_int_distribution<std::uint32_t>(1, 254)(random);
-  a.sin_addr.s_addr = htonl(host);
-  return a;
-}
-
 std::size_t open_fds() {
   std::size_t n = 0;
   if (DIR* dir = ::opendir("/proc/self/fd")) {
