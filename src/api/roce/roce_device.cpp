@@ -370,11 +370,12 @@ void RoceDevice::rearm() {
   for (auto& [qpn, weak] : qps_) {
     if (auto qp = weak.lock(); qp && qp->roce) consider(qp->roce->rc.next_deadline());
   }
-  if (earliest == timer_deadline_) return;
+  // An armed timer that fires no later than needed stays, even if nothing is due any more: it
+  // may fire for nothing (on_timer re-arms for what is due then). Cancelling and re-adding it
+  // around every message would wake a sleeping progress thread each time (Reactor::add_timer).
+  if (!earliest || (timer_ && *timer_deadline_ <= *earliest)) return;
   if (timer_) ctx.reactor.cancel_timer(*timer_);
-  timer_.reset();
   timer_deadline_ = earliest;
-  if (!earliest) return;
   const engine::Clock::time_point at(
       std::chrono::duration_cast<engine::Clock::duration>(earliest->time_since_epoch()));
   timer_ = ctx.reactor.add_timer(at, [this] { on_timer(); });
