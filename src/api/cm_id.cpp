@@ -720,10 +720,11 @@ void CmId::destroy_qp() {
 Status<std::errc> CmId::attach_qp(QueuePair& qp) {
   auto& impl = *impl_;
   std::lock_guard lock(impl.ctx->mutex);
-  // A RoCE QP is made by its CmId (create_qp): it needs the id's address for its socket.
-  if (impl.transport == Transport::roce) return fail(std::errc::invalid_argument);
   if (impl.qp || impl.qp_impl || qp.impl_->context != impl.ctx || qp.impl_->claimed)
     return fail(std::errc::invalid_argument);
+  if (impl.transport == Transport::roce) {
+    if (auto attached = detail::roce::attach_qp(impl, qp.impl_); !attached) return attached;
+  }
   qp.impl_->claimed = true;
   impl.qp_impl = qp.impl_;
   if (impl.connection && impl.state == detail::CmIdImpl::State::connecting) impl.connection->bind_qp(impl.qp_impl);

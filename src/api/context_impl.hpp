@@ -27,7 +27,11 @@ struct ContextImpl {
   ~ContextImpl();
 
   std::uint32_t next_pd() { return ++pd_counter; }
-  std::uint32_t next_qp_num() { return ++qp_counter; }
+  // QP numbers start above the ones InfiniBand reserves (QPN 0 and 1 are the SMI and GSI,
+  // and RoCE's CM runs on QP1): a RoCE QP's number is its wire QPN, as with any RoCE device,
+  // so qp_num(), work completions and the peer's ConnParam::qp_num all agree.
+  std::uint32_t next_qp_num() { return kFirstQpNum + qp_counter++; }
+  static constexpr std::uint32_t kFirstQpNum = 0x100;
   std::uint32_t next_cmid() { return ++cmid_counter; }
   // Inline mode: run the reactor once on the caller's thread.
   void progress(std::chrono::milliseconds max_wait);

@@ -22,6 +22,8 @@ struct QueuePairImpl {
   // The SRQ the engine takes receives from, until the QueuePair goes (then null).
   std::shared_ptr<SharedReceiveQueueImpl> srq;
   QpCaps caps;
+  std::uint32_t pd;
+  bool signal_all;  // sq_sig_all
   std::uint32_t qp_num;
   core::QueuePairEngine engine;
   // A QP of a RoCE CmId runs on this RC core instead of `engine`, which then stays idle.

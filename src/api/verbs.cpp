@@ -5,15 +5,17 @@
 namespace peercm {
 namespace detail {
 
-QueuePairImpl::QueuePairImpl(std::shared_ptr<ContextImpl> ctx, std::uint32_t pd, const QpInitAttr& attr)
+QueuePairImpl::QueuePairImpl(std::shared_ptr<ContextImpl> ctx, std::uint32_t pd_handle, const QpInitAttr& attr)
     : context(std::move(ctx)),
       send_cq(attr.send_cq->impl_shared()),
       recv_cq(attr.recv_cq->impl_shared()),
       srq(attr.srq ? attr.srq->impl_shared() : nullptr),
       caps(attr.caps),
+      pd(pd_handle),
+      signal_all(attr.sq_sig_all),
       qp_num(context->next_qp_num()),
       engine(core::QpConfig{.qp_num = qp_num,
-                            .pd = pd,
+                            .pd = pd_handle,
                             .caps = attr.caps,
                             .signal_all = attr.sq_sig_all,
                             .srq = srq ? &srq->queue : nullptr},

@@ -340,6 +340,13 @@ void rdma_free_devices(ibv_context** list) {
 
 // --- ids ---
 
+// PEERCM_TRANSPORT=roce runs a program's ids over RoCEv2 (docs/c-api.md); unset or iwarp:
+// iWARP. Read per id, so a test can switch it between ids.
+static peercm::Transport transport_from_environment() {
+  const char* name = std::getenv("PEERCM_TRANSPORT");
+  return name != nullptr && std::strcmp(name, "roce") == 0 ? peercm::Transport::roce : peercm::Transport::iwarp;
+}
+
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
   if (!id) return fail_errno(EINVAL);
   if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB) return fail_errno(EPROTONOSUPPORT);  // connected (RC) only
@@ -351,7 +358,8 @@ int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, 
     release_cm_context();
     return -1;
   }
-  auto cpp = CmId::create(cpp_context(device), *state_of<EventChannelState>(reports_to)->cpp);
+  auto cpp = CmId::create(cpp_context(device), *state_of<EventChannelState>(reports_to)->cpp, nullptr,
+                          transport_from_environment());
   if (!cpp) {
     if (sync) delete_channel(reports_to);
     release_cm_context();

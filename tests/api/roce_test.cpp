@@ -309,8 +309,8 @@ TEST(Roce, SimultaneousConnectsMakeExactlyOneConnection) {
     ASSERT_TRUE(rb.error.empty()) << "round " << round << " b: " << rb.error;
     ASSERT_EQ(ra.connect_requests + rb.connect_requests, 0) << "round " << round;
     // One connection: each end's peer QP is the other's QP that connected.
-    ASSERT_EQ(ra.peer_qp, rb.local_qp + 0x100) << "round " << round;
-    ASSERT_EQ(rb.peer_qp, ra.local_qp + 0x100) << "round " << round;
+    ASSERT_EQ(ra.peer_qp, rb.local_qp) << "round " << round;
+    ASSERT_EQ(rb.peer_qp, ra.local_qp) << "round " << round;
   }
 }
 

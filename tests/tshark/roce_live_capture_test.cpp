@@ -183,12 +183,12 @@ TEST_F(RoceLiveCaptureTest, TsharkDecodesTheLiveCmExchangeAndRcTraffic) {
 
   // 1. Nobody listens on the service: REJ 8.
   auto nobody = client_id();
-  want.nobody_qpn = 0x100 + start_connect(*nobody, kNobodyPort)->qp_num();
+  want.nobody_qpn = start_connect(*nobody, kNobodyPort)->qp_num();
   EXPECT_EQ(expect_event(*client.channel, CmEventType::rejected).reject_reason, RejectReason::refused);
 
   // 2. The server's application rejects: REJ 28 with its private data.
   auto refused = client_id();
-  want.rejected_qpn = 0x100 + start_connect(*refused, kServicePort)->qp_num();
+  want.rejected_qpn = start_connect(*refused, kServicePort)->qp_num();
   {
     auto request = expect_event(*server.channel, CmEventType::connect_request);
     ASSERT_TRUE(request.new_id);
@@ -209,8 +209,8 @@ TEST_F(RoceLiveCaptureTest, TsharkDecodesTheLiveCmExchangeAndRcTraffic) {
   expect_event(*server.channel, CmEventType::established);
   want.client_qpn = request.param.qp_num;
   want.server_qpn = established.param.qp_num;
-  EXPECT_EQ(want.client_qpn, 0x100 + client.qp->qp_num());
-  EXPECT_EQ(want.server_qpn, 0x100 + server.qp->qp_num());
+  EXPECT_EQ(want.client_qpn, client.qp->qp_num());
+  EXPECT_EQ(want.server_qpn, server.qp->qp_num());
   want.client_ip = dotted(ntohl(client.id->local_address().sin_addr.s_addr));
 
   // 4. Data, one operation at a time (each is complete before the next is posted, so no RNR

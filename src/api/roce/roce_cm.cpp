@@ -169,17 +169,24 @@ void resolve_addr(CmIdImpl& id, const sockaddr_in& destination) {
   id.emit(CmEventType::addr_resolved);
 }
 
-Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::uint32_t pd, const QpInitAttr& attr) {
+Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& qp) {
   // The QP's packets leave from the id's address: known once it is resolved or requested.
-  if (id.roce_address == 0 || attr.srq) return fail(std::errc::invalid_argument);
-  auto impl = std::make_shared<QueuePairImpl>(id.ctx, pd, attr);
-  auto roce = RoceQp::open(core::roce::RcQpConfig{.pd = pd, .caps = attr.caps, .signal_all = attr.sq_sig_all},
-                           id.ctx->memory, *impl->send_cq, *impl->recv_cq, kFirstDataQpn + impl->qp_num,
-                           id.roce_address);
+  if (id.roce_address == 0 || qp->srq || qp->roce) return fail(std::errc::invalid_argument);
+  if (qp->engine.state() != QpState::reset && qp->engine.state() != QpState::init)
+    return fail(std::errc::invalid_argument);
+  auto roce = RoceQp::open(core::roce::RcQpConfig{.pd = qp->pd, .caps = qp->caps, .signal_all = qp->signal_all},
+                           id.ctx->memory, *qp->send_cq, *qp->recv_cq, qp->qp_num, id.roce_address);
   if (!roce) return fail(roce.error());
-  impl->roce = std::move(*roce);
-  impl->roce->owner = id.weak_from_this();
-  device_of(*id.ctx).add_qp(impl);
+  qp->roce = std::move(*roce);
+  qp->roce->owner = id.weak_from_this();
+  device_of(*id.ctx).add_qp(qp);
+  return {};
+}
+
+Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::uint32_t pd, const QpInitAttr& attr) {
+  if (attr.srq) return fail(std::errc::invalid_argument);
+  auto impl = std::make_shared<QueuePairImpl>(id.ctx, pd, attr);
+  if (auto attached = attach_qp(id, impl); !attached) return fail(attached.error());
   return impl;
 }
 

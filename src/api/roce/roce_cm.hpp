@@ -38,6 +38,9 @@ Status<std::errc> accept(CmIdImpl& id, const ConnParam& param);
 Status<std::errc> reject(CmIdImpl& id, std::span<const std::uint8_t> private_data);
 Status<std::errc> disconnect(CmIdImpl& id);
 Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::uint32_t pd, const QpInitAttr& attr);
+// A QP made on its own (QueuePair::create, ibv_create_qp) and never used: it gets its RC
+// core and send socket here. EINVAL before the id has an address, for an SRQ QP, or one in use.
+Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& qp);
 // The CmId is going: its connection ends (DREQ, or REJ for an unanswered request), its
 // listener stops, and the agent's later events about it are dropped.
 void release(CmIdImpl& id);

@@ -17,10 +17,6 @@ struct CmIdImpl;
 
 namespace peercm::detail::roce {
 
-// QPN 0 and 1 are the SMI and GSI (QP1 carries the CM); data QPNs start above the few the
-// IB spec reserves.
-inline constexpr std::uint32_t kFirstDataQpn = 0x100;
-
 struct RoceQp {
   // `local_address` (host order) is where the CM runs for this QP: its packets leave from it.
   static Result<std::unique_ptr<RoceQp>, std::errc> open(const core::roce::RcQpConfig& config,
