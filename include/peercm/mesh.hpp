@@ -24,7 +24,15 @@
 //           the baseline that shows what the p2p model removes.
 // Incoming requests are accepted automatically; the connect private data carries the sender's
 // rank (and the mesh size and limits, which must match) so that a request is attached to the
-// right peer.
+// right peer. It is 24 bytes: within what a RoCE p2p REQ leaves the application (36).
+//
+// Transport (MeshOptions::transport): iwarp (MPA over TCP, the default) or roce (RoCEv2, RC
+// over UDP 4791, docs/roce-transport.md); every CmId of the mesh uses it, every model works on
+// both. A RoCE node is one IPv4 address (its context binds (address, 4791)), so over RoCE
+// every rank needs an address of its own: a rank whose own entry is unset or INADDR_ANY
+// takes a random free 127/8 address (loopback: every rank of one host gets its own), which
+// listen_address() reports and the bootstrap then publishes. Over iWARP such an entry means
+// 127.0.0.1 (unset) or every address (INADDR_ANY), as before.
 //
 // Data path: Send/Recv. Every connection has recv_depth + 4 receives of 16 + max_message_size
 // bytes posted before it connects or accepts. Flow control is by credits: a sender holds
@@ -69,6 +77,8 @@ std::optional<MeshModel> parse_mesh_model(std::string_view name);
 
 struct MeshOptions {
   MeshModel model = MeshModel::p2p;
+  // The wire of every connection (and of the listener). Every rank of a mesh must use the same.
+  Transport transport = Transport::iwarp;
   ContextOptions context{};
   // Bounds every connection attempt (CmOption::connect_timeout) and, from a peer's first
   // attempt on, the retries after refused/unreachable attempts: then the peer is failed.
@@ -97,6 +107,11 @@ struct MeshConnection {
   bool active = false;     // the connection this rank sends on to that peer
   sockaddr_in local{};
   sockaddr_in remote{};
+  // RoCE: the wire QPNs of the two ends (this rank's QP, the peer's). Several connections
+  // between two RoCE nodes share their addresses, so these tell them apart. 0 over iWARP,
+  // where local/remote are the TCP 4-tuple.
+  std::uint32_t local_qpn = 0;
+  std::uint32_t remote_qpn = 0;
 };
 
 struct MeshStats {
@@ -138,6 +153,7 @@ class Mesh {
   int rank() const;
   int size() const;
   MeshModel model() const;
+  Transport transport() const;
   sockaddr_in listen_address() const;
   // Replaces the address table (same size; this rank's entry is ignored).
   Status<std::errc> set_addresses(std::span<const sockaddr_in> addresses);

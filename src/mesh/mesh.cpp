@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <random>
 #include <unordered_map>
 
 #include "mesh/mesh_wire.hpp"
@@ -25,6 +26,10 @@ constexpr std::uint32_t kSendWr = 64;        // send queue depth per connection
 constexpr std::uint32_t kCreditReserve = 2;  // send WRs kept free for credit-only messages
 constexpr milliseconds kRefusedByCmPause{20};  // after EALREADY/EISCONN: let the request's events arrive
 constexpr milliseconds kMaxBackoff{500};
+// A RoCE QP's wire QPN is 0x100 + qp_num() (docs/roce-transport.md, "QPNs"); the peer's wire
+// QPN arrives in ConnParam::qp_num of ESTABLISHED.
+constexpr std::uint32_t kRoceFirstDataQpn = 0x100;
+constexpr int kRoceAddressAttempts = 32;  // random 127/8 addresses tried for a RoCE rank
 
 enum class WrKind : std::uint8_t { recv = 1, message = 2, control = 3, write = 4 };
 
@@ -87,6 +92,8 @@ struct Mesh::Impl {
     std::uint32_t outstanding = 0;  // send WRs posted, not completed
     sockaddr_in local{};
     sockaddr_in remote{};
+    std::uint32_t local_qpn = 0;   // RoCE wire QPNs
+    std::uint32_t remote_qpn = 0;
   };
 
   struct RemoteRegion {
@@ -274,7 +281,7 @@ struct Mesh::Impl {
   void start_connect(Peer& p) {
     const auto now = Clock::now();
     if (!p.first_attempt) p.first_attempt = now;
-    auto id = CmId::create(*context, *channel);
+    auto id = CmId::create(*context, *channel, nullptr, options.transport);
     if (!id || !configure(**id) || !(*id)->bind(addresses[static_cast<std::size_t>(rank)])) {
       attempt_failed(p);
       return;
@@ -361,11 +368,15 @@ struct Mesh::Impl {
     p.retry_at.reset();
   }
 
-  void on_established(Conn& c) {
+  void on_established(Conn& c, const ConnParam& param) {
     Peer& p = peers[static_cast<std::size_t>(c.rank)];
     c.state = Conn::State::established;
     c.local = c.id->local_address();
     c.remote = c.id->peer_address();
+    if (options.transport == Transport::roce) {
+      c.local_qpn = kRoceFirstDataQpn + c.qp->qp_num();
+      c.remote_qpn = param.qp_num;
+    }
     ++stats.connections_established;
     for (const auto& other : p.conns)
       if (other.get() != &c && other->state == Conn::State::established) {
@@ -425,7 +436,7 @@ struct Mesh::Impl {
         if (c.state == Conn::State::resolving_route) on_route_resolved(c);
         return;
       case CmEventType::established:
-        if (c.state != Conn::State::established) on_established(c);
+        if (c.state != Conn::State::established) on_established(c, event.param);
         return;
       case CmEventType::rejected:
         ++stats.rejects_received[static_cast<std::size_t>(event.reject_reason) & 7u];
@@ -768,17 +779,37 @@ Result<std::unique_ptr<Mesh>, std::errc> Mesh::create(int rank, std::vector<sock
   if (!cq) return fail(cq.error());
   impl->cq = std::move(*cq);
 
-  auto listener = CmId::create(*impl->context, *impl->channel);
-  if (!listener) return fail(listener.error());
-  impl->listener = std::move(*listener);
-  if (auto ok = impl->configure(*impl->listener); !ok) return fail(ok.error());
   auto& self = impl->addresses[static_cast<std::size_t>(rank)];
-  if (self.sin_family != AF_INET) {
+  const bool unset = self.sin_family != AF_INET;
+  // RoCE: a rank is one address; without one of its own it takes a random free 127/8 one
+  // (one whose (address, 4791) another context already holds fails to listen: try another).
+  const bool pick_loopback =
+      options.transport == Transport::roce && (unset || self.sin_addr.s_addr == htonl(INADDR_ANY));
+  if (unset) {
     self.sin_family = AF_INET;
     self.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   }
-  if (auto ok = impl->listener->bind(self); !ok) return fail(ok.error());
-  if (auto ok = impl->listener->listen(std::max(128, 2 * impl->size)); !ok) return fail(ok.error());
+  std::random_device random;
+  for (int attempt = 0;; ++attempt) {
+    sockaddr_in address = self;
+    if (pick_loopback) {
+      std::uint32_t host = 0;
+      do {
+        host = (127u << 24) | (random() & 0xFFFFFFu);
+      } while ((host & 0xFF) == 0 || (host & 0xFF) == 0xFF);
+      address.sin_addr.s_addr = htonl(host);
+    }
+    auto listener = CmId::create(*impl->context, *impl->channel, nullptr, options.transport);
+    if (!listener) return fail(listener.error());
+    impl->listener = std::move(*listener);
+    if (auto ok = impl->configure(*impl->listener); !ok) return fail(ok.error());
+    if (auto ok = impl->listener->bind(address); !ok) return fail(ok.error());
+    auto listening = impl->listener->listen(std::max(128, 2 * impl->size));
+    if (listening) break;
+    impl->listener.reset();
+    if (!pick_loopback || listening.error() != std::errc::address_in_use || attempt + 1 >= kRoceAddressAttempts)
+      return fail(listening.error());
+  }
   self = impl->listener->local_address();
 
   impl->peers = std::vector<Impl::Peer>(impl->addresses.size());
@@ -789,6 +820,7 @@ Result<std::unique_ptr<Mesh>, std::errc> Mesh::create(int rank, std::vector<sock
 int Mesh::rank() const { return impl_->rank; }
 int Mesh::size() const { return impl_->size; }
 MeshModel Mesh::model() const { return impl_->options.model; }
+Transport Mesh::transport() const { return impl_->options.transport; }
 sockaddr_in Mesh::listen_address() const { return impl_->addresses[static_cast<std::size_t>(impl_->rank)]; }
 Context& Mesh::context() { return *impl_->context; }
 
@@ -940,7 +972,8 @@ std::vector<MeshConnection> Mesh::connections() const {
   for (const auto& p : impl_->peers)
     for (const auto& c : p.conns)
       if (c->state == Impl::Conn::State::established)
-        out.push_back(MeshConnection{c->rank, c->initiated, p.active == c.get(), c->local, c->remote});
+        out.push_back(MeshConnection{c->rank, c->initiated, p.active == c.get(), c->local, c->remote, c->local_qpn,
+                                     c->remote_qpn});
   return out;
 }
 

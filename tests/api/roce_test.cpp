@@ -188,6 +188,38 @@ TEST(Roce, NoListenerOnTheServiceIsRejected) {
   EXPECT_EQ(rejected.reject_reason, RejectReason::refused);
 }
 
+// A requester that listens itself advertises its own listening port in the REQ (the p2p key's
+// port); the request still goes to the listener of the service it names, and the new id's
+// local port is that service. (It was looked up by the advertised port: a node with a listener
+// on another port was rejected, which broke every Mesh of more than one rank.)
+TEST(Roce, RequestFromANodeThatListensReachesTheServiceListener) {
+  for (const bool p2p : {false, true}) {
+    SCOPED_TRACE(p2p ? "p2p" : "client/server");
+    RocePair pair;
+    auto own_listener = roce_id(pair.client);
+    ASSERT_TRUE(own_listener->bind(random_loopback(7481)));
+    ASSERT_TRUE(own_listener->listen(16));
+    pair.client.id = roce_id(pair.client);
+    ASSERT_TRUE(pair.client.id->set_option(CmOption::peer_to_peer, p2p ? 1 : 0));
+    ASSERT_TRUE(pair.client.id->resolve_addr(pair.address));
+    expect_event(*pair.client.channel, CmEventType::addr_resolved);
+    ASSERT_TRUE(pair.client.id->resolve_route());
+    expect_event(*pair.client.channel, CmEventType::route_resolved);
+    pair.client.qp = pair.client.id->create_qp(*pair.client.pd, pair.client.qp_attr()).value();
+    ASSERT_TRUE(pair.client.id->connect(ConnParam{.private_data = {5}}));
+    pair.take_request();
+    EXPECT_EQ(pair.request.listen_id, pair.listener.get());
+    EXPECT_EQ(pair.server.id->local_address().sin_port, pair.address.sin_port);
+    ASSERT_GE(pair.request.param.private_data.size(), 1u);
+    EXPECT_EQ(pair.request.param.private_data[0], 5);
+    pair.server.qp = pair.server.id->create_qp(*pair.server.pd, pair.server.qp_attr()).value();
+    ASSERT_TRUE(pair.server.id->accept({}));
+    expect_event(*pair.client.channel, CmEventType::established);
+    expect_event(*pair.server.channel, CmEventType::established);
+    move_data(pair, 4096);
+  }
+}
+
 TEST(Roce, NobodyAtTheAddressIsUnreachable) {
   // Short CM timers: 4.096 us * 2^14 = 67 ms per try, two retries.
   ContextOptions options;

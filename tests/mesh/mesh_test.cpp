@@ -1,5 +1,5 @@
 // peercm::Mesh in one process: every rank is a Mesh with its own Context (its own node), used
-// by its own thread, over 127.0.0.1.
+// by its own thread, over 127.0.0.1 (iWARP) or over a random 127/8 address per rank (RoCE).
 #include "peercm/mesh.hpp"
 
 #include <arpa/inet.h>
@@ -33,7 +33,8 @@ std::vector<std::unique_ptr<Mesh>> make_meshes(int n, const MeshOptions& options
   std::vector<sockaddr_in> addresses(static_cast<std::size_t>(n), sockaddr_in{});
   for (int r = 0; r < n; ++r) {
     std::vector<sockaddr_in> mine(static_cast<std::size_t>(n), sockaddr_in{});
-    mine[static_cast<std::size_t>(r)] = loopback(0);
+    // RoCE: a rank is an address of its own; left unset, the Mesh takes a random 127/8 one.
+    mine[static_cast<std::size_t>(r)] = options.transport == Transport::roce ? sockaddr_in{} : loopback(0);
     auto mesh = Mesh::create(r, mine, options);
     EXPECT_TRUE(mesh.has_value());
     if (!mesh) return {};
@@ -52,17 +53,19 @@ std::vector<std::uint8_t> pattern(int from, int to, std::size_t index, std::size
   return bytes;
 }
 
-// Distinct established connections (by TCP 4-tuple, both ends) per unordered pair of ranks.
+// Distinct established connections (by TCP 4-tuple, RoCE: addresses and wire QPNs; both
+// ends) per unordered pair of ranks.
 std::map<std::pair<int, int>, std::set<std::string>> connections_by_pair(
     const std::vector<std::vector<MeshConnection>>& per_rank) {
-  auto endpoint = [](const sockaddr_in& a) {
-    return std::to_string(ntohl(a.sin_addr.s_addr)) + ":" + std::to_string(ntohs(a.sin_port));
+  auto endpoint = [](const sockaddr_in& a, std::uint32_t qpn) {
+    return std::to_string(ntohl(a.sin_addr.s_addr)) + ":" +
+           (qpn != 0 ? "qp" + std::to_string(qpn) : std::to_string(ntohs(a.sin_port)));
   };
   std::map<std::pair<int, int>, std::set<std::string>> pairs;
   for (std::size_t r = 0; r < per_rank.size(); ++r) {
     for (const auto& c : per_rank[r]) {
       const int self = static_cast<int>(r);
-      std::string a = endpoint(c.local), b = endpoint(c.remote);
+      std::string a = endpoint(c.local, c.local_qpn), b = endpoint(c.remote, c.remote_qpn);
       if (b < a) std::swap(a, b);
       pairs[{std::min(self, c.rank), std::max(self, c.rank)}].insert(a + "-" + b);
     }
@@ -80,9 +83,11 @@ struct RankResult {
 
 // Every rank sends `count` messages to every other rank at once, then receives and checks
 // them (order per sender included), then flushes, then settles.
-std::vector<RankResult> all_to_all(MeshModel model, int n, int count, std::size_t size) {
+std::vector<RankResult> all_to_all(MeshModel model, int n, int count, std::size_t size,
+                                   Transport transport = Transport::iwarp) {
   MeshOptions options;
   options.model = model;
+  options.transport = transport;
   options.connect_timeout = 5000ms;
   auto meshes = make_meshes(n, options);
   if (meshes.size() != static_cast<std::size_t>(n)) return {};
@@ -204,6 +209,56 @@ TEST(Mesh, P2pAllToAllExactlyOneConnectionPerPair) {
   }
 }
 
+// The same over RoCEv2: every rank on its own 127/8 address, connections told apart by their
+// QPNs, and the CM's p2p resolution (IB CM, docs/roce-transport.md) makes one per pair.
+TEST(Mesh, RoceP2pAllToAllExactlyOneConnectionPerPair) {
+  const int n = 4;
+  auto results = all_to_all(MeshModel::p2p, n, 3, 1000, Transport::roce);
+  check_all_to_all(results, n, 3);
+  const auto pairs = connections_by_pair(all_connections(results));
+  EXPECT_EQ(pairs.size(), 6u);
+  for (const auto& [pair, conns] : pairs) EXPECT_EQ(conns.size(), 1u) << pair.first << "-" << pair.second;
+  std::set<std::uint32_t> addresses;
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].stats.duplicates, 0u) << "rank " << r;
+    EXPECT_EQ(results[r].stats.connections_established, 3u) << "rank " << r;
+    EXPECT_EQ(results[r].stats.requests_rejected, 0u) << "rank " << r;
+    ASSERT_EQ(results[r].connections.size(), 3u) << "rank " << r;
+    const std::uint32_t own = ntohl(results[r].connections.front().local.sin_addr.s_addr);
+    EXPECT_EQ(own >> 24, 127u) << "rank " << r;
+    addresses.insert(own);
+    for (const auto& c : results[r].connections) {
+      EXPECT_EQ(ntohl(c.local.sin_addr.s_addr), own) << "rank " << r;  // one address per rank
+      EXPECT_NE(c.local_qpn, 0u);
+      EXPECT_NE(c.remote_qpn, 0u);
+    }
+  }
+  EXPECT_EQ(addresses.size(), static_cast<std::size_t>(n));  // a distinct address per rank
+}
+
+TEST(Mesh, RoceStaticAndNaiveAllToAll) {
+  const int n = 4;
+  auto results = all_to_all(MeshModel::static_order, n, 2, 1000, Transport::roce);
+  check_all_to_all(results, n, 2);
+  auto pairs = connections_by_pair(all_connections(results));
+  EXPECT_EQ(pairs.size(), 6u);
+  for (const auto& [pair, conns] : pairs) EXPECT_EQ(conns.size(), 1u) << pair.first << "-" << pair.second;
+  for (const auto& r : results) EXPECT_EQ(r.stats.duplicates, 0u);
+
+  results = all_to_all(MeshModel::naive, n, 2, 100, Transport::roce);
+  check_all_to_all(results, n, 2);
+  pairs = connections_by_pair(all_connections(results));
+  EXPECT_EQ(pairs.size(), 6u);
+  std::uint64_t distinct = 0, duplicates = 0;
+  for (const auto& [pair, conns] : pairs) {
+    EXPECT_GE(conns.size(), 1u);
+    EXPECT_LE(conns.size(), 2u);
+    distinct += conns.size();
+  }
+  for (const auto& r : results) duplicates += r.stats.duplicates;
+  EXPECT_EQ(duplicates, 2 * (distinct - 6));
+}
+
 TEST(Mesh, NaiveAllToAllDeliversEverythingAndCountsDuplicates) {
   const int n = 4;
   auto results = all_to_all(MeshModel::naive, n, 2, 100);
@@ -263,8 +318,8 @@ TEST(Mesh, QueuedSendsKeepTheirOrder) {
   }
 }
 
-TEST(Mesh, RdmaWriteIntoExposedRegion) {
-  auto meshes = make_meshes(2, {});
+void rdma_write_into_exposed_region(const MeshOptions& options) {
+  auto meshes = make_meshes(2, options);
   ASSERT_EQ(meshes.size(), 2u);
   std::vector<std::uint8_t> region(300 * 1024, 0);  // bigger than a message: the write is split
   const std::size_t offset = 1000;
@@ -310,6 +365,14 @@ TEST(Mesh, RdmaWriteIntoExposedRegion) {
   ASSERT_TRUE(message);
   EXPECT_EQ(second[60], 9);
   EXPECT_EQ(second[63], 6);
+}
+
+TEST(Mesh, RdmaWriteIntoExposedRegion) { rdma_write_into_exposed_region({}); }
+
+TEST(Mesh, RoceRdmaWriteIntoExposedRegion) {
+  MeshOptions options;
+  options.transport = Transport::roce;
+  rdma_write_into_exposed_region(options);
 }
 
 TEST(Mesh, UnreachablePeerFailsWithinTheConnectTimeout) {

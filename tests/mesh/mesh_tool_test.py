@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """End-to-end checks of `peercm mesh` (run by CTest, see CMakeLists.txt).
 
-  mesh_tool_test.py --peercm PATH --ranks N --model p2p|static|naive
-      Runs `peercm mesh --ranks N --model M --json` and checks its summary:
+  mesh_tool_test.py --peercm PATH --ranks N --model p2p|static|naive [--transport iwarp|roce]
+      Runs `peercm mesh --ranks N --model M --transport T --json` and checks its summary
+      (the same over both transports; RoCE connections are told apart by their QPNs):
         every model: exit status 0, every message verified, every pair connected, no
                      errors, no connection seen by one end only, time_to_mesh_us > 0;
         static:      exactly N(N-1)/2 connections, no duplicates, no collisions;
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 
-DEADLINE = 7.5  # seconds for the run (CTest kills at 10; python3 itself may take 2 s to start on a loaded host)
+DEADLINE = 7.5  # default seconds for the run (CTest kills at 10; python3 itself may take 2 s to start on a loaded host)
 
 
 def fail(message):
@@ -29,13 +30,13 @@ def fail(message):
 
 
 def run(args, extra):
-    cmd = [args.peercm, "mesh", "--ranks", str(args.ranks), "--model", args.model, "--json",
-           "--timeout", str(args.timeout)] + extra
+    cmd = [args.peercm, "mesh", "--ranks", str(args.ranks), "--model", args.model, "--transport", args.transport,
+           "--json", "--timeout", str(args.timeout)] + extra
     start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline)
     except subprocess.TimeoutExpired:
-        fail(f"did not finish within {DEADLINE} s: {' '.join(cmd)}")
+        fail(f"did not finish within {args.deadline} s: {' '.join(cmd)}")
     elapsed = time.monotonic() - start
     sys.stderr.write(proc.stderr)
     print(proc.stdout.strip())
@@ -51,13 +52,13 @@ def check_run(args):
     status, s = run(args, [])
     n = args.ranks
     pairs = n * (n - 1) // 2
-    fields = {"ranks": int, "model": str, "connections": int, "expected_connections": int, "duplicates": int,
+    fields = {"ranks": int, "model": str, "transport": str, "connections": int, "expected_connections": int, "duplicates": int,
               "collisions": int, "rejects": dict, "time_to_mesh_us": int, "messages_verified": int,
               "pairs_connected": int, "asymmetric_connections": int, "errors": list, "ok": bool}
     for key, kind in fields.items():
         if not isinstance(s.get(key), kind) or (kind is int and isinstance(s.get(key), bool)):
             fail(f"JSON field {key} = {s.get(key)!r} is not a {kind.__name__}")
-    expect = {"ranks": n, "model": args.model, "expected_connections": pairs, "pairs_connected": pairs,
+    expect = {"ranks": n, "model": args.model, "transport": args.transport, "expected_connections": pairs, "pairs_connected": pairs,
               "messages_verified": n * (n - 1), "messages_expected": n * (n - 1), "asymmetric_connections": 0}
     for key, value in expect.items():
         if s.get(key) != value:
@@ -109,7 +110,9 @@ def main():
     parser.add_argument("--peercm", required=True)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--model", choices=["p2p", "static", "naive"], default="p2p")
+    parser.add_argument("--transport", choices=["iwarp", "roce"], default="iwarp")
     parser.add_argument("--timeout", type=float, default=6.0)
+    parser.add_argument("--deadline", type=float, default=DEADLINE, help="seconds before the run is killed")
     parser.add_argument("--crash-rank", type=int, default=-1)
     args = parser.parse_args()
     if args.crash_rank >= 0:

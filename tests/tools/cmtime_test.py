@@ -2,13 +2,14 @@
 """End-to-end check of `peercm cmtime` (run by CTest, see CMakeLists.txt).
 
   cmtime_test.py --peercm PATH --mode client-server|p2p --connections N [--progress thread|inline]
+                 [--transport iwarp|roce]
 
-Runs `peercm cmtime --connections N --mode MODE --json` and checks its exit status and the
+Runs `peercm cmtime --connections N --mode MODE --transport T --json` and checks its exit status and the
 JSON: every step timed (total/avg/min/max, consistent), the connect latency and the TCP
 baseline present and positive, ratio_connect = peercm avg / tcp avg, and the connection
 counts: N established, N CONNECT_REQUESTs on the server in client-server mode, none in p2p
 mode where both sides must also see ESTABLISHED on each of their N ids and every pair must
-share one TCP connection (design.md §3).
+share one connection (design.md §3; a TCP 4-tuple, over RoCE the ends' addresses and QPNs).
 """
 import argparse
 import json
@@ -38,11 +39,12 @@ def main():
     parser.add_argument("--mode", required=True, choices=["client-server", "p2p"])
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--progress", choices=["thread", "inline"], default="thread")
+    parser.add_argument("--transport", choices=["iwarp", "roce"], default="iwarp")
     parser.add_argument("--deadline", type=float, default=25.0, help="seconds for the whole run")
     args = parser.parse_args()
 
     cmd = [args.peercm, "cmtime", "--connections", str(args.connections), "--mode", args.mode,
-           "--progress", args.progress, "--json"]
+           "--progress", args.progress, "--transport", args.transport, "--json"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline)
     except subprocess.TimeoutExpired:
@@ -61,6 +63,8 @@ def main():
     n = args.connections
     if result.get("mode") != args.mode or result.get("connections") != n:
         fail(f"mode/connections {result.get('mode')!r}/{result.get('connections')!r} do not match the request")
+    if result.get("transport") != args.transport:
+        fail(f"transport {result.get('transport')!r}, expected {args.transport!r}")
     if result.get("completed") is not True:
         fail("completed is not true")
 

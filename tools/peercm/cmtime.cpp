@@ -16,6 +16,11 @@
 //     CONNECT_REQUEST. Any CONNECT_REQUEST is accepted (so that the run ends and counts
 //     what happened) and reported as an error.
 //
+// --transport roce runs both modes over RoCEv2 (docs/roce-transport.md): each node is an
+// IPv4 address of its own (a random 127/8 one: a RoCE context binds (address, 4791)), and a
+// connection is named by its ends' addresses and wire QPNs (its addresses alone are shared
+// by every connection between the two nodes). The TCP baseline is plain TCP either way.
+//
 // In the same run, a plain-TCP baseline: N non-blocking connects issued at once, each
 // followed by an 8-byte request answered with 8 bytes, timed per connection from connect()
 // to the reply; the ratio peercm/TCP compares the connect step with it.
@@ -39,6 +44,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <set>
 #include <span>
 #include <string>
@@ -73,11 +79,27 @@ constexpr std::array<const char*, kStepCount> kStepNames = {"create_id", "resolv
 constexpr std::uint32_t kPrivateMagic = 0x4D544D43;  // "CMTM"
 constexpr std::size_t kExchangeSize = 8;             // TCP baseline request and reply
 constexpr std::size_t kMaxListedTags = 8;            // tags named in an error message
+// A RoCE QP's wire QPN is 0x100 + qp_num() (docs/roce-transport.md, "QPNs"); the peer's
+// arrives in ConnParam::qp_num of ESTABLISHED.
+constexpr std::uint32_t kRoceFirstDataQpn = 0x100;
+constexpr int kRoceAddressAttempts = 32;  // random 127/8 addresses tried for a RoCE listener
 
 double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
-bool same_address(const sockaddr_in& a, const sockaddr_in& b) {
-  return a.sin_addr.s_addr == b.sin_addr.s_addr && a.sin_port == b.sin_port;
+// One end of a connection: iWARP (address, TCP port); RoCE (address, wire QPN), since the
+// ports a RoCE id reports are its service's, shared by its node's connections.
+using EndKey = std::tuple<std::uint32_t, std::uint16_t, std::uint32_t>;
+EndKey end_key(const sockaddr_in& a, std::uint32_t qpn) {
+  return qpn != 0 ? EndKey{a.sin_addr.s_addr, 0, qpn} : EndKey{a.sin_addr.s_addr, a.sin_port, 0};
+}
+
+std::string end_text(const sockaddr_in& a, std::uint32_t qpn) {
+  return qpn != 0 ? fmt::format("{}/qp{}", format_address(a), qpn) : format_address(a);
+}
+
+std::string random_loopback_host() {
+  std::random_device random;
+  return fmt::format("127.{}.{}.{}", 1 + random() % 254, random() % 256, 1 + random() % 254);
 }
 
 std::string describe(const CmEvent& event) {
@@ -154,6 +176,12 @@ struct Conn {
   bool connect_failed = false;  // connect() returned an error at once (p2p rule 5)
   sockaddr_in local{};          // as seen at ESTABLISHED
   sockaddr_in peer{};
+  std::uint32_t local_qpn = 0;  // RoCE: the wire QPNs of the two ends (0 over iWARP)
+  std::uint32_t peer_qpn = 0;
+  EndKey local_key() const { return end_key(local, local_qpn); }
+  EndKey peer_key() const { return end_key(peer, peer_qpn); }
+  std::string local_text() const { return end_text(local, local_qpn); }
+  std::string peer_text() const { return end_text(peer, peer_qpn); }
 };
 
 struct NodeStats {
@@ -170,8 +198,9 @@ struct NodeStats {
 // only its atomic counters (and everything else after the driving thread is joined).
 class Node {
  public:
-  Node(std::string name, ProgressMode mode, bool peer_to_peer, std::optional<std::int64_t> crc, Shared& shared)
-      : name_(std::move(name)), shared_(shared), peer_to_peer_(peer_to_peer), crc_(crc), device_(mode) {
+  Node(std::string name, ProgressMode mode, Transport transport, bool peer_to_peer, std::optional<std::int64_t> crc,
+       Shared& shared)
+      : name_(std::move(name)), shared_(shared), peer_to_peer_(peer_to_peer), crc_(crc), device_(mode, transport) {
     auto pd = ProtectionDomain::allocate(*device_.context);
     if (!pd) throw_errc("ProtectionDomain::allocate", pd.error());
     pd_ = std::move(*pd);
@@ -184,16 +213,24 @@ class Node {
 
   const std::string& name() const { return name_; }
 
+  // On 127.0.0.1 (iWARP), or on a random 127/8 address of this node's own (RoCE: an
+  // address whose (address, 4791) another context holds is replaced by another).
   void listen(int backlog) {
-    auto created = CmId::create(*device_.context, *device_.channel);
-    if (!created) throw_errc("CmId::create (listener)", created.error());
-    listener_ = std::move(*created);
-    set_option(*listener_, CmOption::peer_to_peer, peer_to_peer_ ? 1 : 0, "listener");
-    if (crc_) set_option(*listener_, CmOption::crc, *crc_, "listener");
-    auto ok = listener_->bind(*parse_address("127.0.0.1", 0));
-    if (!ok) throw_errc(fmt::format("{}: bind", name_), ok.error());
-    ok = listener_->listen(backlog);
-    if (!ok) throw_errc(fmt::format("{}: listen", name_), ok.error());
+    const bool roce = device_.transport == Transport::roce;
+    for (int attempt = 0;; ++attempt) {
+      auto created = CmId::create(*device_.context, *device_.channel, nullptr, device_.transport);
+      if (!created) throw_errc("CmId::create (listener)", created.error());
+      listener_ = std::move(*created);
+      set_option(*listener_, CmOption::peer_to_peer, peer_to_peer_ ? 1 : 0, "listener");
+      if (crc_) set_option(*listener_, CmOption::crc, *crc_, "listener");
+      auto ok = listener_->bind(*parse_address(roce ? random_loopback_host() : "127.0.0.1", 0));
+      if (!ok) throw_errc(fmt::format("{}: bind", name_), ok.error());
+      ok = listener_->listen(backlog);
+      if (ok) break;
+      if (!roce || ok.error() != std::errc::address_in_use || attempt + 1 >= kRoceAddressAttempts)
+        throw_errc(fmt::format("{}: listen", name_), ok.error());
+      listener_.reset();
+    }
     listen_address_ = listener_->local_address();
   }
   const sockaddr_in& listen_address() const { return listen_address_; }
@@ -211,7 +248,7 @@ class Node {
       Conn& c = own_.emplace_back();
       c.index = i;
       c.start[kCreateId] = Clock::now();
-      auto created = CmId::create(*device_.context, *device_.channel);
+      auto created = CmId::create(*device_.context, *device_.channel, nullptr, device_.transport);
       c.done[kCreateId] = Clock::now();
       if (!created) throw_errc(fmt::format("{}: CmId::create (pair {})", name_, i), created.error());
       c.id = std::move(*created);
@@ -416,10 +453,20 @@ class Node {
         c.done[kConnect] = now;
         c.local = c.id->local_address();
         c.peer = c.id->peer_address();
-        if (c.local.sin_port == 0 || c.peer.sin_port == 0)
+        if (device_.transport == Transport::roce) {
+          // A RoCE id's local port is its service's (0 for an unbound connecting id): the
+          // connection is (address, QPN) at each end.
+          if (QueuePair* qp = c.id->qp()) c.local_qpn = kRoceFirstDataQpn + qp->qp_num();
+          c.peer_qpn = event.param.qp_num;
+          if (c.local.sin_addr.s_addr == 0 || c.peer.sin_addr.s_addr == 0 || c.local_qpn == 0 || c.peer_qpn == 0)
+            shared_.error(fmt::format("{}: ESTABLISHED on {} {}, but its ends read {} -> {}", name_,
+                                      c.passive ? "accepted id of pair" : "pair", c.index, c.local_text(),
+                                      c.peer_text()));
+        } else if (c.local.sin_port == 0 || c.peer.sin_port == 0) {
           shared_.error(fmt::format("{}: ESTABLISHED on {} {}, but its addresses read {} -> {}", name_,
                                     c.passive ? "accepted id of pair" : "pair", c.index, format_address(c.local),
                                     format_address(c.peer)));
+        }
         (c.passive ? accepted_established_ : established_).fetch_add(1);
         break;
       case CmEventType::disconnected:
@@ -542,9 +589,9 @@ struct PeercmResult {
   bool completed = false;  // every step ran (the counts below are meaningful)
   std::array<StepStats, kStepCount> steps{};
   std::vector<double> connect_latency;  // connect() -> ESTABLISHED on that id, us
-  std::size_t established = 0;          // client-server: pairs; p2p: distinct TCP connections
+  std::size_t established = 0;          // client-server: pairs; p2p: distinct connections
   std::array<std::size_t, 2> established_per_side{};
-  std::size_t pairs_matched = 0;  // both ends name the same TCP connection
+  std::size_t pairs_matched = 0;  // both ends name the same connection (TCP 4-tuple; RoCE: addresses and QPNs)
   std::size_t connect_requests = 0;
   std::size_t connect_failed = 0;
   std::size_t uncollided_pairs = 0;  // p2p: a request came before the local connect on its tag
@@ -597,11 +644,11 @@ void collect_times(PeercmResult& r, const std::vector<const Node*>& active, cons
 
 // --- client-server ---
 
-PeercmResult run_client_server(std::uint32_t n, ProgressMode mode, bool peer_to_peer, std::optional<std::int64_t> crc,
-                               Shared& shared) {
+PeercmResult run_client_server(std::uint32_t n, ProgressMode mode, Transport transport, bool peer_to_peer,
+                               std::optional<std::int64_t> crc, Shared& shared) {
   PeercmResult r;
-  Node server("server", mode, peer_to_peer, crc, shared);
-  Node client("client", mode, peer_to_peer, crc, shared);
+  Node server("server", mode, transport, peer_to_peer, crc, shared);
+  Node client("client", mode, transport, peer_to_peer, crc, shared);
   server.listen(static_cast<int>(n) + 16);
   server.expect_accepted(n);
 
@@ -639,12 +686,11 @@ PeercmResult run_client_server(std::uint32_t n, ProgressMode mode, bool peer_to_
     const Conn& c = client.own()[i];
     const Conn* s = server_end[i];
     if (!c.established || !s || !s->established) continue;
-    if (same_address(c.local, s->peer) && same_address(c.peer, s->local)) {
+    if (c.local_key() == s->peer_key() && c.peer_key() == s->local_key()) {
       ++r.pairs_matched;
     } else {
-      shared.error(fmt::format("pair {}: the ends disagree on the TCP connection (client {} -> {}, server {} <- {})",
-                               i, format_address(c.local), format_address(c.peer), format_address(s->local),
-                               format_address(s->peer)));
+      shared.error(fmt::format("pair {}: the ends disagree on the connection (client {} -> {}, server {} <- {})", i,
+                               c.local_text(), c.peer_text(), s->local_text(), s->peer_text()));
     }
   }
   r.established = r.pairs_matched;
@@ -660,10 +706,11 @@ PeercmResult run_client_server(std::uint32_t n, ProgressMode mode, bool peer_to_
 
 // --- p2p ---
 
-PeercmResult run_p2p(std::uint32_t n, ProgressMode mode, std::optional<std::int64_t> crc, Shared& shared) {
+PeercmResult run_p2p(std::uint32_t n, ProgressMode mode, Transport transport, std::optional<std::int64_t> crc,
+                     Shared& shared) {
   PeercmResult r;
-  Node a("a", mode, true, crc, shared);
-  Node b("b", mode, true, crc, shared);
+  Node a("a", mode, transport, true, crc, shared);
+  Node b("b", mode, transport, true, crc, shared);
   // Until every pair collides, each side may have to take all of the other's requests.
   a.listen(static_cast<int>(n) + 16);
   b.listen(static_cast<int>(n) + 16);
@@ -677,14 +724,13 @@ PeercmResult run_p2p(std::uint32_t n, ProgressMode mode, std::optional<std::int6
   collect_times(r, {&a, &b}, {&a, &b},
                 [&](std::size_t i) { return i < b.own().size() ? &b.own()[i] : nullptr; });
 
-  // Distinct TCP connections over every established id of both sides (either direction).
-  std::set<std::tuple<std::uint32_t, std::uint16_t, std::uint32_t, std::uint16_t>> connections;
+  // Distinct connections (TCP 4-tuples; RoCE: addresses and QPNs) over every established id
+  // of both sides (either direction).
+  std::set<std::pair<EndKey, EndKey>> connections;
   for (const Node* node : {&a, &b}) {
     auto add = [&](const Conn& c) {
       if (!c.established) return;
-      auto x = std::tuple(c.local.sin_addr.s_addr, c.local.sin_port, c.peer.sin_addr.s_addr, c.peer.sin_port);
-      auto y = std::tuple(c.peer.sin_addr.s_addr, c.peer.sin_port, c.local.sin_addr.s_addr, c.local.sin_port);
-      connections.insert(std::min(x, y));
+      connections.insert(std::minmax(c.local_key(), c.peer_key()));
     };
     for (const Conn& c : node->own()) add(c);
     for (const Conn& c : node->accepted()) add(c);
@@ -694,7 +740,7 @@ PeercmResult run_p2p(std::uint32_t n, ProgressMode mode, std::optional<std::int6
   for (std::uint32_t i = 0; i < n; ++i) {
     const Conn& x = a.own()[i];
     const Conn& y = b.own()[i];
-    if (x.established && y.established && same_address(x.local, y.peer) && same_address(x.peer, y.local))
+    if (x.established && y.established && x.local_key() == y.peer_key() && x.peer_key() == y.local_key())
       ++r.pairs_matched;
   }
   r.connect_requests = a.requests() + b.requests();
@@ -737,9 +783,9 @@ PeercmResult run_p2p(std::uint32_t n, ProgressMode mode, std::optional<std::int6
       shared.error(fmt::format("{}: connect failed at once on {} tags (tags {})", node->name(), failed_count,
                                list_tags(failed, failed_count)));
   }
-  if (r.established != n) shared.error(fmt::format("{} TCP connections established for {} pairs", r.established, n));
+  if (r.established != n) shared.error(fmt::format("{} connections established for {} pairs", r.established, n));
   if (r.pairs_matched != n)
-    shared.error(fmt::format("{} of {} pairs share one TCP connection between their two ids", r.pairs_matched, n));
+    shared.error(fmt::format("{} of {} pairs share one connection between their two ids", r.pairs_matched, n));
   return r;
 }
 
@@ -933,6 +979,7 @@ TcpResult run_tcp_baseline(std::uint32_t n, Shared& shared) {
 struct CmtimeOptions {
   std::uint32_t connections = 100;
   std::string mode = "client-server";
+  std::string transport = "iwarp";
   std::string progress = "thread";
   std::string peer_to_peer = "off";
   std::string crc;
@@ -966,6 +1013,7 @@ void print_report(const CmtimeOptions& o, bool p2p, const PeercmResult& r, const
     for (std::size_t s = 0; s < kStepCount; ++s) steps[kStepNames[s]] = step_json(r.steps[s]);
     nlohmann::json out{
         {"mode", o.mode},
+        {"transport", o.transport},
         {"connections", o.connections},
         {"progress", o.progress},
         {"crc", o.crc.empty() ? "default" : o.crc},
@@ -991,8 +1039,8 @@ void print_report(const CmtimeOptions& o, bool p2p, const PeercmResult& r, const
     fmt::print("{}\n", out.dump());
     return;
   }
-  fmt::print("peercm cmtime: {}, {} connections, progress {}, crc {}{}\n", o.mode, o.connections, o.progress,
-             o.crc.empty() ? "default" : o.crc, !p2p && o.peer_to_peer == "on" ? ", PeerToPeer on" : "");
+  fmt::print("peercm cmtime: {}, {}, {} connections, progress {}, crc {}{}\n", o.mode, o.transport, o.connections,
+             o.progress, o.crc.empty() ? "default" : o.crc, !p2p && o.peer_to_peer == "on" ? ", PeerToPeer on" : "");
   if (r.completed) {
     fmt::print("  {:<16} {:>12} {:>10} {:>10} {:>10}\n", "step", "total us", "avg us", "min us", "max us");
     for (std::size_t s = 0; s < kStepCount; ++s) {
@@ -1027,8 +1075,9 @@ int run_cmtime(const CmtimeOptions& o) {
   shared.timeout = milliseconds(o.timeout_ms);
   const ProgressMode mode = progress_option(o.progress);
   const auto crc = crc_option(o.crc);
-  PeercmResult result = p2p ? run_p2p(o.connections, mode, crc, shared)
-                            : run_client_server(o.connections, mode, o.peer_to_peer == "on", crc, shared);
+  const Transport transport = transport_option(o.transport);
+  PeercmResult result = p2p ? run_p2p(o.connections, mode, transport, crc, shared)
+                            : run_client_server(o.connections, mode, transport, o.peer_to_peer == "on", crc, shared);
   TcpResult tcp;
   if (result.completed) {
     tcp = run_tcp_baseline(o.connections, shared);
@@ -1055,6 +1104,9 @@ void add_cmtime(CLI::App& app) {
       ->check(CLI::Range(1u, 4000u));  // within the default somaxconn (4096) backlog
   cmd->add_option("--mode", o->mode, "client-server, or p2p (both sides connect with the same tags at once)")
       ->check(CLI::IsMember({"client-server", "p2p"}));
+  cmd->add_option("--transport", o->transport,
+                  "iwarp (MPA over TCP) or roce (RoCEv2 over UDP 4791; each node on a random 127/8 address)")
+      ->check(CLI::IsMember({"iwarp", "roce"}));
   cmd->add_option("--progress", o->progress, "Progress mode of the peercm contexts")
       ->check(CLI::IsMember({"thread", "inline"}));
   cmd->add_option("--peer-to-peer", o->peer_to_peer,
@@ -1067,6 +1119,7 @@ void add_cmtime(CLI::App& app) {
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   cmd->callback([o] {
     try {
+      if (o->transport == "roce" && !o->crc.empty()) throw CLI::ValidationError("cmtime", "--crc is MPA's (iwarp only)");
       exit_status = run_cmtime(*o);
     } catch (const ToolError& e) {
       fmt::print(stderr, "peercm cmtime: error: {}\n", e.what());

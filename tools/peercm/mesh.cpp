@@ -1,6 +1,6 @@
 // `peercm mesh`: N ranks, all-to-all at the same moment, connections on demand (design.md §5).
 //
-//   peercm mesh --ranks N [--model p2p|static|naive] [--bootstrap local] [--json]
+//   peercm mesh --ranks N [--model p2p|static|naive] [--transport iwarp|roce] [--bootstrap local] [--json]
 //   peercm mesh --ranks N --bootstrap file --bootstrap-dir DIR --rank I [--bind ADDR] ...
 //   mpirun -np N peercm mesh --bootstrap pmix ...      (when built with PMIx)
 //
@@ -12,7 +12,9 @@
 // (src/mesh/file_bootstrap.hpp); rank 0 prints the summary. With `--bootstrap pmix` the
 // launcher started every rank: rank and size come from PMIx (--ranks is ignored) and the
 // collectives are PMIx fences (src/mesh/pmix_bootstrap.hpp). Every rank:
-//   1. creates its Mesh, listening on --bind:0, and allgathers the listening addresses;
+//   1. creates its Mesh, listening on --bind:0, and allgathers the listening addresses
+//      (--transport roce: a RoCE node is one address, so without --bind every rank takes a
+//      random 127/8 address of its own, which this exchange publishes);
 //   2. passes a barrier, then at once sends one message to every other rank (so that the
 //      connects of every pair collide), receives and verifies one message from every rank
 //      (size --size; bytes 0-7: sender and receiver rank, then a pattern of both), and flushes
@@ -23,8 +25,8 @@
 // A collective keeps the rank's Mesh progressing meanwhile (requests are accepted, credits
 // returned), so that no rank waits for one that is sitting in a barrier.
 //
-// Summary fields: connections = distinct established TCP connections (a 4-tuple seen at either
-// end counts once); expected_connections = N(N-1)/2; pairs_connected = pairs with at least one;
+// Summary fields: connections = distinct established connections (iWARP: a TCP 4-tuple, RoCE:
+// the two ends' addresses and wire QPNs; seen at either end counts once); expected_connections = N(N-1)/2; pairs_connected = pairs with at least one;
 // duplicates = connections beyond the first of a pair; asymmetric_connections = connections
 // only one end reports as established; collisions = p2p collisions the CM resolved (the losing
 // side's count: cm_stats collisions_lost, summed); rejects = CM rejects by reason, counted once
@@ -68,10 +70,11 @@ struct MeshToolOptions {
   int ranks = 4;
   std::string model = "p2p";
   std::string bootstrap = "local";
+  std::string transport = "iwarp";
   bool json = false;
   double timeout = 30.0;
   std::size_t size = 1024;
-  std::string bind = "127.0.0.1";
+  std::string bind;  // empty: 127.0.0.1 over iWARP, a random 127/8 address per rank over RoCE
   std::string crc;
   std::string progress = "thread";
   bool verbose = false;
@@ -120,7 +123,15 @@ std::string check_message(const MeshMessage& m, int to, std::size_t size) {
   return {};
 }
 
-std::string endpoint_text(const sockaddr_in& a) { return format_address(a); }
+// One end of a connection: iWARP "address:port" (TCP); RoCE "address/qpN": the connections
+// between two RoCE ranks share their addresses (and the ports a RoCE id reports are CM service
+// ports), the end's wire QPN tells them apart.
+std::string endpoint_text(const sockaddr_in& a, std::uint32_t qpn) {
+  if (qpn == 0) return format_address(a);
+  char host[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
+  return fmt::format("{}/qp{}", host, qpn);
+}
 
 // Runs a bootstrap collective on another thread while this one keeps the Mesh progressing.
 template <class F>
@@ -192,13 +203,15 @@ std::vector<std::vector<std::uint8_t>> run_rank(mesh::Bootstrap& boot, const Mes
   // 1. The Mesh and its listening address.
   MeshOptions options;
   options.model = *parse_mesh_model(o.model);
+  options.transport = transport_option(o.transport);
   options.context.progress = progress_option(o.progress);
   options.crc = crc_option(o.crc).value_or(-1);
   options.connect_timeout = std::clamp(std::chrono::duration_cast<milliseconds>(left_until(data_deadline) / 2),
                                        milliseconds(500), milliseconds(10000));
   std::unique_ptr<Mesh> mesh;
   std::vector<sockaddr_in> addresses(static_cast<std::size_t>(n), sockaddr_in{});
-  if (auto bind = parse_address(o.bind, 0)) {
+  // No --bind: the Mesh chooses (127.0.0.1 over iWARP, a random 127/8 address over RoCE).
+  if (auto bind = o.bind.empty() ? std::optional<sockaddr_in>(sockaddr_in{}) : parse_address(o.bind, 0)) {
     addresses[static_cast<std::size_t>(rank)] = *bind;
     auto created = Mesh::create(rank, addresses, options);
     if (created) {
@@ -281,8 +294,8 @@ std::vector<std::vector<std::uint8_t>> run_rank(mesh::Bootstrap& boot, const Mes
       connections.push_back(json{{"peer", c.rank},
                                  {"initiated", c.initiated},
                                  {"active", c.active},
-                                 {"local", endpoint_text(c.local)},
-                                 {"remote", endpoint_text(c.remote)}});
+                                 {"local", endpoint_text(c.local, c.local_qpn)},
+                                 {"remote", endpoint_text(c.remote, c.remote_qpn)}});
     report["connections"] = connections;
     report["stats"] = stats_json(mesh->stats());
   }
@@ -323,7 +336,8 @@ json summarize_job(const MeshToolOptions& o, const std::vector<std::vector<std::
   for (std::size_t r = 1; r < child_status.size(); ++r)
     if (child_status[r] != 0) errors.push_back(fmt::format("rank {}: exit status {}", r, child_status[r]));
 
-  // Connections by their TCP 4-tuple: each is normally reported by both of its ends.
+  // Connections by their TCP 4-tuple (RoCE: addresses and QPNs): each is normally reported by
+  // both of its ends.
   std::map<std::string, int> ends;
   std::map<std::pair<int, int>, std::set<std::string>> pairs;
   for (int r = 0; r < n; ++r) {
@@ -379,6 +393,7 @@ json summarize_job(const MeshToolOptions& o, const std::vector<std::vector<std::
 
   return json{{"ranks", n},
               {"model", o.model},
+              {"transport", o.transport},
               {"bootstrap", o.bootstrap},
               {"message_size", o.size},
               {"connections", connections},
@@ -405,8 +420,8 @@ void print_summary(const MeshToolOptions& o, const json& s) {
   if (o.json) {
     fmt::print("{}\n", s.dump());
   } else {
-    fmt::print("mesh: {} ranks, model {}: {} connections for {} pairs ({} duplicates), {} collisions resolved\n",
-               s["ranks"].get<int>(), o.model, s["connections"].get<std::uint64_t>(),
+    fmt::print("mesh: {} ranks, model {}, {}: {} connections for {} pairs ({} duplicates), {} collisions resolved\n",
+               s["ranks"].get<int>(), o.model, o.transport, s["connections"].get<std::uint64_t>(),
                s["expected_connections"].get<std::uint64_t>(), s["duplicates"].get<std::uint64_t>(),
                s["collisions"].get<std::uint64_t>());
     fmt::print("mesh: {} of {} messages verified, time to mesh {} us\n", s["messages_verified"].get<std::uint64_t>(),
@@ -466,9 +481,10 @@ int run_mesh(const MeshToolOptions& options) {
   } else if (is_root) {
     auto spawned = mesh::LocalBootstrap::spawn(o.ranks, "/proc/self/exe", [&](int rank, int fd) {
       std::vector<std::string> args{"peercm", "mesh", "--ranks", std::to_string(o.ranks), "--model", o.model,
-                                    "--bootstrap", o.bootstrap, "--timeout", fmt::format("{}", o.timeout),
-                                    "--size", std::to_string(o.size), "--bind", o.bind, "--progress", o.progress,
-                                    "--rank", std::to_string(rank), "--bootstrap-fd", std::to_string(fd)};
+                                    "--transport", o.transport, "--bootstrap", o.bootstrap, "--timeout",
+                                    fmt::format("{}", o.timeout), "--size", std::to_string(o.size), "--progress",
+                                    o.progress, "--rank", std::to_string(rank), "--bootstrap-fd", std::to_string(fd)};
+      if (!o.bind.empty()) args.insert(args.end(), {"--bind", o.bind});
       if (!o.crc.empty()) args.insert(args.end(), {"--crc", o.crc});
       if (o.verbose) args.push_back("--verbose");
       if (o.crash_rank >= 0) args.insert(args.end(), {"--crash-rank", std::to_string(o.crash_rank)});
@@ -497,7 +513,7 @@ int run_mesh(const MeshToolOptions& options) {
       return 1;
     }
     if (local) local->kill_children();
-    const json failed{{"ranks", o.ranks}, {"model", o.model}, {"ok", false},
+    const json failed{{"ranks", o.ranks}, {"model", o.model}, {"transport", o.transport}, {"ok", false},
                       {"errors", {fmt::format("bootstrap: {}", e.what())}}};
     if (o.json) {
       fmt::print("{}\n", failed.dump());
@@ -541,10 +557,14 @@ void add_mesh(CLI::App& app) {
   cmd->add_option("--timeout", o->timeout, "Global timeout in seconds (then every rank is killed)")
       ->check(CLI::Range(1.0, 3600.0));
   cmd->add_option("--size", o->size, "Bytes per message")->check(CLI::Range(kMinSize, kMaxSize));
+  cmd->add_option("--transport", o->transport,
+                  "iwarp (MPA over TCP) or roce (RoCEv2 over UDP 4791; every rank is an address of its own)")
+      ->check(CLI::IsMember({"iwarp", "roce"}));
   cmd->add_option("--bind", o->bind,
-                  "Address the rank listens on (port chosen by the system); local: every rank")
+                  "Address the rank listens on (port chosen by the system); local: every rank (iwarp only). "
+                  "Default: 127.0.0.1 over iwarp, a random 127/8 address per rank over roce")
       ->type_name("ADDR");
-  cmd->add_option("--crc", o->crc, "MPA CRC: on (required) or off (default: preferred)")
+  cmd->add_option("--crc", o->crc, "MPA CRC (iwarp): on (required) or off (default: preferred)")
       ->check(CLI::IsMember({"on", "off"}));
   cmd->add_option("--progress", o->progress, "Progress mode")->check(CLI::IsMember({"thread", "inline"}));
   cmd->add_flag("--json", o->json, "Print the summary as JSON");
@@ -564,6 +584,13 @@ void add_mesh(CLI::App& app) {
       } else if (!o->bootstrap_dir.empty() ||
                  (o->rank >= 0 && (o->rank == 0 || o->rank >= o->ranks || o->bootstrap_fd < 0))) {
         throw CLI::ValidationError("mesh", "--rank and --bootstrap-fd are for spawned ranks; --bootstrap-dir for file");
+      }
+      if (o->transport == "roce") {
+        // A RoCE node is one address: ranks of one host cannot share one.
+        if (o->bootstrap == "local" && o->ranks > 1 && !o->bind.empty())
+          throw CLI::ValidationError("mesh", "--transport roce --bootstrap local: every rank takes its own random "
+                                             "127/8 address; --bind is for --bootstrap file or pmix");
+        if (!o->crc.empty()) throw CLI::ValidationError("mesh", "--crc is MPA's (iwarp only)");
       }
       exit_status = run_mesh(*o);
     } catch (const ToolError& e) {

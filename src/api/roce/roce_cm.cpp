@@ -82,7 +82,8 @@ ConnParam event_param(const IbCmAgentEvent& event) {
 }
 
 void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
-  auto listener = device.find_listener(port.address, event.port);
+  // The listener of the service the REQ names (event.port is the peer's own listening port).
+  auto listener = device.find_listener(port.address, event.service_port);
   if (!listener || !listener->owner) {
     (void)port.agent.reject(event.id, {}, now());
     return;
@@ -96,7 +97,7 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   child_impl->listener = listener;
   child_impl->roce_id = event.id;
   child_impl->roce_address = port.address;
-  child_impl->bound_address = socket_address(port.address, event.port);
+  child_impl->bound_address = socket_address(port.address, event.service_port);
   child_impl->peer = socket_address(from_bytes(event.peer_address), 0);
   device.track_id(port.address, event.id, child_impl);
   std::unique_ptr<CmId> child = CmIdImpl::make_public(child_impl);

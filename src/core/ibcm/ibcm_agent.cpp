@@ -327,6 +327,7 @@ IbCmId IbCmAgent::open_passive(const w::CmReq& req, std::uint64_t tid, const P2p
                       .peer_incarnation = incarnation});
   IbCmAgentEvent event = peer_event(EventKind::connect_request, id, conn);
   event.private_data = request_app_data(req.private_data, p2p);
+  if (auto service = w::decode_rdma_ip_service_id(req.service_id)) event.service_port = service->port;
   push_event(std::move(event));
   sync(comm, now);
   return id;

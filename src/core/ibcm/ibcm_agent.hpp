@@ -98,6 +98,9 @@ struct IbCmAgentEvent {
   // connect_request, established: who is at the other end.
   Ipv4Address peer_address{};
   std::uint16_t port = 0;
+  // connect_request: the service (listened port) the REQ was addressed to, from its Service
+  // ID. `port` is the peer's advertised source port, which differs when the peer listens too.
+  std::uint16_t service_port = 0;
   std::uint32_t tag = 0;
   bool peer_to_peer = false;
   IbCmPeer peer;
