@@ -2,8 +2,9 @@
 # Builds rdma-core's rping, rdma_server and rdma_client (sources kept outside the repository)
 # unmodified against peercm's headers and library, and runs them over loopback:
 #   rping -v -V -C 100 (Send, RDMA Read, RDMA Write; data validated), the same with -q (a QP
-#   made with ibv_create_qp: CONNECT_RESPONSE, rdma_init_qp_attr, rdma_establish), and
-#   rdma_server with rdma_client (the synchronous API).
+#   made with ibv_create_qp: CONNECT_RESPONSE, rdma_init_qp_attr, rdma_establish), plain rping
+#   again over RoCEv2 (PEERCM_TRANSPORT=roce), and rdma_server with rdma_client (the
+#   synchronous API).
 # usage: run_rdma_core_examples.sh REF_DIR INCLUDE_DIR LIB_DIR OUT_DIR [SANITIZERS]
 set -euo pipefail
 ref=$1 include=$2 lib=$3 out=$4 sanitize=${5:-}
@@ -24,18 +25,22 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 rping_pair() {
   local port; port=$(free_port)
-  timeout 60 "$out/rping" -s -a 127.0.0.1 -p "$port" "$@" > "$out/server.out" 2> "$out/server.err" &
+  local address=${RPING_ADDRESS:-127.0.0.1}
+  timeout 60 "$out/rping" -s -a "$address" -p "$port" "$@" > "$out/server.out" 2> "$out/server.err" &
   local server=$!
   sleep 0.5
-  timeout 60 "$out/rping" -c -a 127.0.0.1 -p "$port" "$@" > "$out/client.out" 2> "$out/client.err"
+  timeout 60 "$out/rping" -c -a "$address" -p "$port" "$@" > "$out/client.out" 2> "$out/client.err"
   wait "$server"
   local pings; pings=$(grep -c '^ping data: rdma-ping-' "$out/client.out")
-  echo "rping $*: client and server exit 0, client printed $pings verified pings"
+  echo "rping $* ${PEERCM_TRANSPORT:-iwarp}: client and server exit 0, client printed $pings verified pings"
   [[ $pings -eq 100 ]]
   ! grep -q "data mismatch" "$out/client.err"
 }
 rping_pair -v -V -C 100
 rping_pair -q -v -V -C 100
+# Over RoCEv2: a RoCE node is one address, so the server takes a random 127/8 one.
+PEERCM_TRANSPORT=roce RPING_ADDRESS=127.$((RANDOM % 250 + 1)).$((RANDOM % 250)).$((RANDOM % 250 + 1)) \
+  rping_pair -v -V -C 100
 
 port=$(free_port)
 timeout 60 "$out/rdma_server" -p "$port" > "$out/rdma_server.out" &
