@@ -26,9 +26,6 @@ constexpr std::uint32_t kSendWr = 64;        // send queue depth per connection
 constexpr std::uint32_t kCreditReserve = 2;  // send WRs kept free for credit-only messages
 constexpr milliseconds kRefusedByCmPause{20};  // after EALREADY/EISCONN: let the request's events arrive
 constexpr milliseconds kMaxBackoff{500};
-// A RoCE QP's wire QPN is 0x100 + qp_num() (docs/roce-transport.md, "QPNs"); the peer's wire
-// QPN arrives in ConnParam::qp_num of ESTABLISHED.
-constexpr std::uint32_t kRoceFirstDataQpn = 0x100;
 constexpr int kRoceAddressAttempts = 32;  // random 127/8 addresses tried for a RoCE rank
 
 enum class WrKind : std::uint8_t { recv = 1, message = 2, control = 3, write = 4 };
@@ -374,7 +371,7 @@ struct Mesh::Impl {
     c.local = c.id->local_address();
     c.remote = c.id->peer_address();
     if (options.transport == Transport::roce) {
-      c.local_qpn = kRoceFirstDataQpn + c.qp->qp_num();
+      c.local_qpn = c.qp->qp_num();  // the wire QPN (docs/roce-transport.md, "QPNs")
       c.remote_qpn = param.qp_num;
     }
     ++stats.connections_established;

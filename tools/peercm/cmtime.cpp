@@ -79,9 +79,6 @@ constexpr std::array<const char*, kStepCount> kStepNames = {"create_id", "resolv
 constexpr std::uint32_t kPrivateMagic = 0x4D544D43;  // "CMTM"
 constexpr std::size_t kExchangeSize = 8;             // TCP baseline request and reply
 constexpr std::size_t kMaxListedTags = 8;            // tags named in an error message
-// A RoCE QP's wire QPN is 0x100 + qp_num() (docs/roce-transport.md, "QPNs"); the peer's
-// arrives in ConnParam::qp_num of ESTABLISHED.
-constexpr std::uint32_t kRoceFirstDataQpn = 0x100;
 constexpr int kRoceAddressAttempts = 32;  // random 127/8 addresses tried for a RoCE listener
 
 double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
@@ -456,7 +453,7 @@ class Node {
         if (device_.transport == Transport::roce) {
           // A RoCE id's local port is its service's (0 for an unbound connecting id): the
           // connection is (address, QPN) at each end.
-          if (QueuePair* qp = c.id->qp()) c.local_qpn = kRoceFirstDataQpn + qp->qp_num();
+          if (QueuePair* qp = c.id->qp()) c.local_qpn = qp->qp_num();  // the wire QPN
           c.peer_qpn = event.param.qp_num;
           if (c.local.sin_addr.s_addr == 0 || c.peer.sin_addr.s_addr == 0 || c.local_qpn == 0 || c.peer_qpn == 0)
             shared_.error(fmt::format("{}: ESTABLISHED on {} {}, but its ends read {} -> {}", name_,
