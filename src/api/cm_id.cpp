@@ -10,6 +10,7 @@
 
 #include "api/cm_id_impl.hpp"
 #include "api/roce/roce_cm.hpp"
+#include "api/roce/roce_device.hpp"
 #include "wire/cm_header.hpp"
 
 namespace peercm {
@@ -760,7 +761,9 @@ sockaddr_in CmId::peer_address() const {
 
 CmStats cm_stats(Context& context) {
   std::lock_guard lock(context.impl().mutex);
-  return context.impl().stats;
+  CmStats stats = context.impl().stats;
+  if (context.impl().roce) context.impl().roce->add_stats(stats);
+  return stats;
 }
 
 }  // namespace peercm

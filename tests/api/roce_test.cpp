@@ -344,6 +344,12 @@ TEST(Roce, SimultaneousConnectsMakeExactlyOneConnection) {
     ASSERT_EQ(ra.peer_qp, rb.local_qp) << "round " << round;
     ASSERT_EQ(rb.peer_qp, ra.local_qp) << "round " << round;
   }
+  // Every round met the peer's REQ somewhere: held or bound in a collision, or answered by
+  // the attempt as an undelivered request (rule 4); cm_stats counts each of those.
+  const CmStats sa = cm_stats(*a.side.context), sb = cm_stats(*b.side.context);
+  EXPECT_GE(sa.collisions_won + sa.collisions_lost + sa.delivered_requests + sb.collisions_won +
+                sb.collisions_lost + sb.delivered_requests,
+            kRounds);
 }
 
 // --- a lossy wire ---

@@ -210,6 +210,17 @@ std::uint16_t RoceDevice::ephemeral_service_port(Ipv4 address) {
   return 0;
 }
 
+void RoceDevice::add_stats(CmStats& stats) const {
+  for (const auto& [address, port] : ports_) {
+    const core::P2pStats& p2p = port->agent.resolver().stats();
+    stats.collisions_won += p2p.collisions_won;
+    stats.collisions_lost += p2p.collisions_lost;
+    stats.delivered_requests += p2p.delivered;
+    stats.rejects_sent[static_cast<int>(RejectReason::collision)] += port->agent.stats().p2p_dropped;
+    stats.rejects_sent[static_cast<int>(RejectReason::duplicate)] += port->agent.stats().p2p_duplicates;
+  }
+}
+
 void RoceDevice::on_readable(RocePort& port) {
   // A bounded number of batches per readiness: the other ports and the timer get their turn.
   for (int batch = 0; batch < 8; ++batch) {

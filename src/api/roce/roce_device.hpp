@@ -23,6 +23,7 @@
 #include "core/ibcm/ibcm_agent.hpp"
 #include "core/roce/rc_datagram.hpp"
 #include "engine/reactor.hpp"
+#include "peercm/cm.hpp"
 #include "peercm/result.hpp"
 #include "peercm/verbs.hpp"
 
@@ -83,6 +84,10 @@ class RoceDevice {
 
   // Sends everything queued, delivers events, re-arms the timer: after every input.
   void pump();
+  // Adds the agents' p2p counters to `stats` (cm_stats()): collisions, delivered requests,
+  // and the REQs they turned down (a losing REQ is dropped silently, IB CM §5; a late
+  // duplicate is rejected).
+  void add_stats(CmStats& stats) const;
 
   // The port the context listens on first, sent in p2p REQs as their source port.
   std::uint16_t p2p_listen_port = 0;
