@@ -289,7 +289,7 @@ struct ibv_wc {
 	uint32_t vendor_err;
 	uint32_t byte_len;
 	union {
-		__be32 imm_data;           /* never set: iWARP carries no immediate data */
+		__be32 imm_data;           /* valid with IBV_WC_WITH_IMM (RoCE RC only: iWARP has none) */
 		uint32_t invalidated_rkey; /* valid with IBV_WC_WITH_INV */
 	};
 	uint32_t qp_num;

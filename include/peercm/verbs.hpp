@@ -240,6 +240,8 @@ class QueuePair {
   const QpCaps& caps() const;
   // EINVAL for a malformed WR, ENOMEM when the queue is full. Work posted before the
   // connection is established waits for it. post_recv() is EINVAL on a QP with an SRQ.
+  // Send / RDMA Write with Immediate are RoCE only: EINVAL on an iWARP QP (RFC 5040 has no
+  // immediate data).
   Status<std::errc> post_send(const SendWr& wr);
   Status<std::errc> post_recv(const RecvWr& wr);
   // Moves the QP to ERROR: outstanding work completes with a flush error (of an SRQ's

@@ -22,7 +22,17 @@ struct Sge {
   std::uint32_t lkey = 0;
 };
 
-enum class WrOpcode : std::uint8_t { send, send_with_invalidate, rdma_write, rdma_read };
+// send_with_imm and rdma_write_with_imm (IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE_WITH_IMM)
+// carry SendWr::imm_data to the peer's receive completion. Only the RoCE RC transport has
+// immediate data; iWARP (RFC 5040) has none, and post_send refuses them there with EINVAL.
+enum class WrOpcode : std::uint8_t {
+  send,
+  send_with_invalidate,
+  rdma_write,
+  rdma_read,
+  send_with_imm,
+  rdma_write_with_imm,
+};
 
 // Send flags (ibv_send_flags).
 enum SendFlags : std::uint32_t {
@@ -42,6 +52,10 @@ struct SendWr {
   std::uint64_t remote_addr = 0;      // RDMA Write / Read: the peer's tagged offset
   std::uint32_t rkey = 0;             // RDMA Write / Read: the peer's STag
   std::uint32_t invalidate_rkey = 0;  // Send with Invalidate: the peer's STag to invalidate
+  // Send / RDMA Write with Immediate: 32 bits for the peer's receive completion, in network
+  // byte order as ibv_send_wr's __be32 imm_data (its bytes in memory are the ImmDt bytes on
+  // the wire; use htonl on a host value). Delivered unchanged as WorkCompletion::imm_data.
+  std::uint32_t imm_data = 0;
 };
 
 struct RecvWr {
@@ -63,11 +77,16 @@ enum class WcStatus : std::uint8_t {
   rnr_retry_exceeded,  // RC over RoCE: the peer had no receive posted through rnr_retry tries
 };
 
-enum class WcOpcode : std::uint8_t { send, rdma_write, rdma_read, recv };
+// recv_rdma_with_imm (IBV_WC_RECV_RDMA_WITH_IMM): the receive consumed by the peer's RDMA
+// Write with Immediate; its byte_len is the Write's length, the data went where the Write
+// put it, not into the receive's buffers. The sender's completion of either immediate
+// opcode is plain send / rdma_write.
+enum class WcOpcode : std::uint8_t { send, rdma_write, rdma_read, recv, recv_rdma_with_imm };
 
 enum WcFlags : std::uint32_t {
   kWcWithInvalidate = 1u << 0,  // the peer's Send invalidated `invalidated_rkey`
   kWcSolicited = 1u << 1,       // the Send carried the Solicited Event bit
+  kWcWithImm = 1u << 2,         // `imm_data` is valid (IBV_WC_WITH_IMM)
 };
 
 struct WorkCompletion {
@@ -78,6 +97,8 @@ struct WorkCompletion {
   std::uint32_t qp_num = 0;
   std::uint32_t wc_flags = 0;
   std::uint32_t invalidated_rkey = 0;
+  // With kWcWithImm: the peer's SendWr::imm_data, network byte order as ibv_wc's imm_data.
+  std::uint32_t imm_data = 0;
 };
 
 enum class QpState : std::uint8_t { reset, init, rtr, rts, error };

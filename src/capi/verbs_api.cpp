@@ -51,6 +51,7 @@ ibv_wc_opcode wc_opcode(WcOpcode opcode) {
     case WcOpcode::rdma_write: return IBV_WC_RDMA_WRITE;
     case WcOpcode::rdma_read: return IBV_WC_RDMA_READ;
     case WcOpcode::recv: return IBV_WC_RECV;
+    case WcOpcode::recv_rdma_with_imm: return IBV_WC_RECV_RDMA_WITH_IMM;
   }
   return IBV_WC_SEND;
 }
@@ -65,6 +66,10 @@ ibv_wc to_ibv(const WorkCompletion& in) {
   if (in.wc_flags & kWcWithInvalidate) {
     out.wc_flags |= IBV_WC_WITH_INV;
     out.invalidated_rkey = in.invalidated_rkey;
+  }
+  if (in.wc_flags & kWcWithImm) {
+    out.wc_flags |= IBV_WC_WITH_IMM;
+    out.imm_data = in.imm_data;  // network byte order on both sides
   }
   return out;
 }
@@ -96,11 +101,22 @@ Status<std::errc> convert_send(const ibv_send_wr& in, SendWr& out) {
   out.remote_addr = 0;
   out.rkey = 0;
   out.invalidate_rkey = 0;
+  out.imm_data = 0;
   switch (in.opcode) {
     case IBV_WR_SEND: out.opcode = WrOpcode::send; return {};
+    case IBV_WR_SEND_WITH_IMM:
+      out.opcode = WrOpcode::send_with_imm;
+      out.imm_data = in.imm_data;  // __be32 on both sides
+      return {};
     case IBV_WR_SEND_WITH_INV:
       out.opcode = WrOpcode::send_with_invalidate;
       out.invalidate_rkey = in.invalidate_rkey;
+      return {};
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      out.opcode = WrOpcode::rdma_write_with_imm;
+      out.imm_data = in.imm_data;
+      out.remote_addr = in.wr.rdma.remote_addr;
+      out.rkey = in.wr.rdma.rkey;
       return {};
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_READ:
@@ -109,7 +125,8 @@ Status<std::errc> convert_send(const ibv_send_wr& in, SendWr& out) {
       out.rkey = in.wr.rdma.rkey;
       return {};
     default:
-      // iWARP (RFC 5040) has no immediate data, atomics, memory windows or TSO.
+      // No atomics, memory windows or TSO. (The immediate opcodes above pass on to the
+      // QP, whose transport decides: an iWARP QP refuses them with EINVAL.)
       return fail(std::errc::invalid_argument);
   }
 }

@@ -93,6 +93,9 @@ void QueuePairEngine::start_send_queue_message() {
       m.header.stag = entry.wr.rkey;
       m.base_offset = entry.wr.remote_addr;
       break;
+    case WrOpcode::send_with_imm:
+    case WrOpcode::rdma_write_with_imm:
+      break;  // never queued: check_send_wr refuses immediate data (RFC 5040 has none)
     case WrOpcode::rdma_read: {
       // RFC 5040 §4.4: Read Request on QN 1 naming our sink and the peer's source.
       const Sge& sink = entry.wr.sg_list.front();

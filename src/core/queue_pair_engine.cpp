@@ -17,7 +17,9 @@ WcOpcode wc_opcode(WrOpcode op) {
     case WrOpcode::rdma_write: return WcOpcode::rdma_write;
     case WrOpcode::rdma_read: return WcOpcode::rdma_read;
     case WrOpcode::send:
-    case WrOpcode::send_with_invalidate: break;
+    case WrOpcode::send_with_invalidate:
+    case WrOpcode::send_with_imm: break;
+    case WrOpcode::rdma_write_with_imm: return WcOpcode::rdma_write;  // refused by post_send
   }
   return WcOpcode::send;
 }
@@ -40,6 +42,9 @@ QueuePairEngine::QueuePairEngine(const QpConfig& config, MemoryTable& memory, Co
 
 Status<std::errc> QueuePairEngine::check_send_wr(const SendWr& wr, std::uint64_t& length) const {
   if (wr.sg_list.size() > config_.caps.max_send_sge) return fail(std::errc::invalid_argument);
+  // RFC 5040 has no immediate data: refused rather than sent as a plain Send or Write.
+  if (wr.opcode == WrOpcode::send_with_imm || wr.opcode == WrOpcode::rdma_write_with_imm)
+    return fail(std::errc::invalid_argument);
   const bool is_inline = wr.flags & kSendInline;
   if (wr.opcode == WrOpcode::rdma_read) {
     // An iWARP Read has exactly one sink buffer (RFC 5040 §4.4: one Data Sink STag/TO).

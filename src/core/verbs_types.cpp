@@ -26,6 +26,7 @@ std::string_view to_string(WcOpcode opcode) {
     case WcOpcode::rdma_write: return "rdma_write";
     case WcOpcode::rdma_read: return "rdma_read";
     case WcOpcode::recv: return "recv";
+    case WcOpcode::recv_rdma_with_imm: return "recv_rdma_with_imm";
   }
   return "unknown";
 }

@@ -1,6 +1,7 @@
 // The RDMA data path over loopback through the public API: every operation at sizes from
 // 0 B to 16 MiB, over iWARP with CRC on and off and over RoCEv2, plus the error paths that
 // end in a Terminate.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -415,6 +416,40 @@ TEST_P(DataPathErrors, BadWorkRequestsAreRejectedAtPost) {
   EXPECT_EQ(pair->client.qp->post_send(SendWr{.wr_id = 2, .opcode = WrOpcode::send, .flags = kSendInline, .sg_list = {huge_inline}})
                 .error(),
             std::errc::invalid_argument);
+}
+
+TEST(DataPathIwarpErrors, ImmediateDataIsRefusedOnIwarp) {
+  // RFC 5040 has no immediate data: EINVAL at post, not a plain Send or Write on the wire.
+  auto pair = LoopbackPair::connected();
+  std::vector<std::uint8_t> buf(64), inbox(64);
+  auto mr = pair->client.region(buf);
+  auto inbox_mr = pair->server.region(inbox);
+  EXPECT_EQ(pair->client.qp->post_send(SendWr{.wr_id = 1,
+                                              .opcode = WrOpcode::send_with_imm,
+                                              .sg_list = {mr->sge(0, 8)},
+                                              .imm_data = htonl(7)})
+                .error(),
+            std::errc::invalid_argument);
+  EXPECT_EQ(pair->client.qp->post_send(SendWr{.wr_id = 2,
+                                              .opcode = WrOpcode::rdma_write_with_imm,
+                                              .sg_list = {mr->sge(0, 8)},
+                                              .remote_addr = reinterpret_cast<std::uintptr_t>(inbox.data()),
+                                              .rkey = inbox_mr->rkey(),
+                                              .imm_data = htonl(8)})
+                .error(),
+            std::errc::invalid_argument);
+  // Nothing was queued and the QP is unharmed: a plain Send still goes through.
+  ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = 10, .sg_list = {inbox_mr->sge()}}));
+  ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = 3, .opcode = WrOpcode::send, .sg_list = {mr->sge(0, 8)}}));
+  auto client_wcs = poll_n(*pair->client.cq, 1);
+  ASSERT_EQ(client_wcs.size(), 1u);
+  EXPECT_EQ(client_wcs[0].wr_id, 3u);
+  EXPECT_EQ(client_wcs[0].status, WcStatus::success);
+  auto server_wcs = poll_n(*pair->server.cq, 1);
+  ASSERT_EQ(server_wcs.size(), 1u);
+  EXPECT_EQ(server_wcs[0].opcode, WcOpcode::recv);
+  EXPECT_EQ(server_wcs[0].wc_flags & kWcWithImm, 0u);
+  EXPECT_EQ(pair->client.qp->state(), QpState::rts);
 }
 
 TEST_P(DataPathErrors, CompletionQueueOverrunIsReportedNotCorrupting) {

@@ -143,6 +143,66 @@ TEST(Roce, SendWriteReadOfEverySize) {
   }
 }
 
+TEST(Roce, SendAndWriteWithImmediateEndToEnd) {
+  RocePair pair;
+  pair.start_client();
+  pair.accept();
+  constexpr std::size_t kSize = 10000;  // several packets at any PMTU
+  std::vector<std::uint8_t> source(kSize), inbox(kSize + 1, 0), target(kSize + 1, 0), spare(8, 0);
+  std::iota(source.begin(), source.end(), std::uint8_t{17});
+  auto source_mr = pair.client.region(source);
+  auto inbox_mr = pair.server.region(inbox);
+  auto target_mr = pair.server.region(target);
+  auto spare_mr = pair.server.region(spare);
+  ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = 10, .sg_list = {inbox_mr->sge()}}));
+  ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = 11, .sg_list = {spare_mr->sge()}}));
+  ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = 12, .sg_list = {spare_mr->sge()}}));
+  ASSERT_TRUE(pair.client.qp->post_send(SendWr{.wr_id = 1,
+                                               .opcode = WrOpcode::send_with_imm,
+                                               .sg_list = {source_mr->sge(0, kSize)},
+                                               .imm_data = htonl(0xA1B2C3D4)}));
+  ASSERT_TRUE(pair.client.qp->post_send(SendWr{.wr_id = 2,
+                                               .opcode = WrOpcode::rdma_write_with_imm,
+                                               .sg_list = {source_mr->sge(0, kSize)},
+                                               .remote_addr = reinterpret_cast<std::uintptr_t>(target.data()),
+                                               .rkey = target_mr->rkey(),
+                                               .imm_data = htonl(0x01020304)}));
+  // Zero bytes: a notification carrying only its immediate value.
+  ASSERT_TRUE(pair.client.qp->post_send(
+      SendWr{.wr_id = 3, .opcode = WrOpcode::rdma_write_with_imm, .imm_data = htonl(0xFFFFFFFE)}));
+  auto client_wcs = poll_n(*pair.client.cq, 3);
+  ASSERT_EQ(client_wcs.size(), 3u);
+  const WcOpcode sender_opcodes[] = {WcOpcode::send, WcOpcode::rdma_write, WcOpcode::rdma_write};
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(client_wcs[i].wr_id, i + 1);
+    EXPECT_EQ(client_wcs[i].status, WcStatus::success);
+    EXPECT_EQ(client_wcs[i].opcode, sender_opcodes[i]);
+    EXPECT_EQ(client_wcs[i].wc_flags & kWcWithImm, 0u);
+  }
+  auto server_wcs = poll_n(*pair.server.cq, 3);
+  ASSERT_EQ(server_wcs.size(), 3u);
+  for (const auto& wc : server_wcs) {
+    EXPECT_EQ(wc.status, WcStatus::success) << wc.wr_id;
+    EXPECT_NE(wc.wc_flags & kWcWithImm, 0u) << wc.wr_id;
+  }
+  EXPECT_EQ(server_wcs[0].wr_id, 10u);
+  EXPECT_EQ(server_wcs[0].opcode, WcOpcode::recv);
+  EXPECT_EQ(server_wcs[0].byte_len, kSize);
+  EXPECT_EQ(server_wcs[0].imm_data, htonl(0xA1B2C3D4));
+  EXPECT_EQ(server_wcs[1].wr_id, 11u);
+  EXPECT_EQ(server_wcs[1].opcode, WcOpcode::recv_rdma_with_imm);
+  EXPECT_EQ(server_wcs[1].byte_len, kSize);
+  EXPECT_EQ(server_wcs[1].imm_data, htonl(0x01020304));
+  EXPECT_EQ(server_wcs[2].wr_id, 12u);
+  EXPECT_EQ(server_wcs[2].opcode, WcOpcode::recv_rdma_with_imm);
+  EXPECT_EQ(server_wcs[2].byte_len, 0u);
+  EXPECT_EQ(server_wcs[2].imm_data, htonl(0xFFFFFFFE));
+  EXPECT_TRUE(std::equal(source.begin(), source.end(), inbox.begin()));
+  EXPECT_TRUE(std::equal(source.begin(), source.end(), target.begin()));
+  EXPECT_EQ(spare, std::vector<std::uint8_t>(8, 0));  // a Write with Immediate's receive stays unwritten
+  EXPECT_EQ(pair.server.qp->state(), QpState::rts);
+}
+
 TEST(Roce, RejectCarriesPrivateData) {
   RocePair pair;
   pair.start_client();

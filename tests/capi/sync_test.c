@@ -2,7 +2,8 @@
  * (passive with a QP template, active with CQs made for the id), rdma_get_request, and
  * rdma_accept / rdma_connect / rdma_disconnect blocking because the ids have no channel; data
  * moves with the rdma_verbs.h helpers (inline and registered sends), verified on both sides.
- * Also: a blocking connect to a closed port fails with ECONNREFUSED. */
+ * Also: a blocking connect to a closed port fails with ECONNREFUSED, and ibv_post_send refuses
+ * the immediate-data opcodes (iWARP has none) with EINVAL and bad_wr, leaving the QP usable. */
 #define _GNU_SOURCE
 #include "capi_test.h"
 
@@ -99,6 +100,32 @@ static int server(int port_fd)
 	return 0;
 }
 
+/* IBV_WR_SEND_WITH_IMM and IBV_WR_RDMA_WRITE_WITH_IMM on an iWARP QP: EINVAL at post, the
+ * failing WR in bad_wr, nothing sent (the server's exchange that follows still matches). */
+static void immediate_data_is_refused(struct rdma_cm_id *id, uint8_t *buf, struct ibv_mr *mr)
+{
+	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
+	struct ibv_send_wr second, first, *bad = NULL;
+
+	memset(&second, 0, sizeof second);
+	second.wr_id = 2;
+	second.opcode = IBV_WR_SEND_WITH_IMM;
+	second.sg_list = &sge;
+	second.num_sge = 1;
+	second.imm_data = htonl(0x1234);
+	first = second;
+	first.wr_id = 1;
+	first.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	first.wr.rdma.remote_addr = 0x1000;
+	first.wr.rdma.rkey = 1;
+	first.next = &second;
+	CHECK_EQ(ibv_post_send(id->qp, &first, &bad), EINVAL);
+	CHECK(bad == &first);
+	bad = NULL;
+	CHECK_EQ(ibv_post_send(id->qp, &second, &bad), EINVAL);
+	CHECK(bad == &second);
+}
+
 static void connect_to_closed_port(void)
 {
 	int probe = socket(AF_INET, SOCK_STREAM, 0);
@@ -159,6 +186,7 @@ int main(void)
 	CHECK(rdma_connect(id, &param) == 0); /* returns once ESTABLISHED */
 	CHECK_EQ(id->event->event, RDMA_CM_EVENT_ESTABLISHED);
 
+	immediate_data_is_refused(id, send_buf, send_mr);
 	fill_pattern(send_buf, LEN, 3);
 	CHECK(rdma_post_send(id, NULL, send_buf, LEN, send_mr, 0) == 0);
 	CHECK_EQ(rdma_get_send_comp(id, &wc), 1);

@@ -149,7 +149,7 @@ EndpointConfig perf_config(const PerfParams& p) {
   return c;
 }
 
-bool is_send(const WorkCompletion& wc) { return wc.opcode != WcOpcode::recv; }
+bool is_send(const WorkCompletion& wc) { return wc.opcode != WcOpcode::recv && wc.opcode != WcOpcode::recv_rdma_with_imm; }
 
 // The buffers of one side. `rx` takes Sends (slot of max(size, 16) bytes), remote writes
 // and read responses, and is the source of remote reads; `ctrl_rx` has kCtrlSlots slots.

@@ -246,10 +246,12 @@ void RcQueuePair::push_send_completion(const SendEntry& entry) {
   wc.wr_id = entry.wr.wr_id;
   wc.status = status;
   switch (entry.wr.opcode) {
-    case WrOpcode::rdma_write: wc.opcode = WcOpcode::rdma_write; break;
+    case WrOpcode::rdma_write:
+    case WrOpcode::rdma_write_with_imm: wc.opcode = WcOpcode::rdma_write; break;
     case WrOpcode::rdma_read: wc.opcode = WcOpcode::rdma_read; break;
     case WrOpcode::send:
-    case WrOpcode::send_with_invalidate: wc.opcode = WcOpcode::send; break;
+    case WrOpcode::send_with_invalidate:
+    case WrOpcode::send_with_imm: wc.opcode = WcOpcode::send; break;
   }
   wc.byte_len = status == WcStatus::success ? entry.length : 0;
   wc.qp_num = params_.local_qpn;

@@ -1,6 +1,8 @@
 // RC requester: segments send-queue WRs into request packets, keeps the window, and turns
 // ACKs, NAKs, read responses and the local ACK timer into completions and retransmissions
 // (roce-ibcm-wire.md §2.3-2.9).
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -18,16 +20,26 @@ namespace {
 // often so that a window of 128 never waits for a timeout to move.
 constexpr std::uint32_t kAckRequestInterval = 32;
 
+bool is_write(WrOpcode op) { return op == WrOpcode::rdma_write || op == WrOpcode::rdma_write_with_imm; }
+
+bool has_immediate(WrOpcode op) { return op == WrOpcode::send_with_imm || op == WrOpcode::rdma_write_with_imm; }
+
+// §2.3: the immediate and invalidate variants differ from the plain ones only on the
+// LAST/ONLY packet, which carries the ImmDt or IETH.
 w::Opcode request_opcode(WrOpcode op, bool first, bool last) {
   using O = w::Opcode;
-  if (op == WrOpcode::rdma_write) {
-    if (first) return last ? O::rc_rdma_write_only : O::rc_rdma_write_first;
-    return last ? O::rc_rdma_write_last : O::rc_rdma_write_middle;
+  if (is_write(op)) {
+    const bool imm = op == WrOpcode::rdma_write_with_imm;
+    if (first && last) return imm ? O::rc_rdma_write_only_immediate : O::rc_rdma_write_only;
+    if (first) return O::rc_rdma_write_first;
+    if (last) return imm ? O::rc_rdma_write_last_immediate : O::rc_rdma_write_last;
+    return O::rc_rdma_write_middle;
   }
   const bool invalidate = op == WrOpcode::send_with_invalidate;
-  if (first && last) return invalidate ? O::rc_send_only_invalidate : O::rc_send_only;
+  const bool imm = op == WrOpcode::send_with_imm;
+  if (first && last) return invalidate ? O::rc_send_only_invalidate : imm ? O::rc_send_only_immediate : O::rc_send_only;
   if (first) return O::rc_send_first;
-  if (last) return invalidate ? O::rc_send_last_invalidate : O::rc_send_last;
+  if (last) return invalidate ? O::rc_send_last_invalidate : imm ? O::rc_send_last_immediate : O::rc_send_last;
   return O::rc_send_middle;
 }
 
@@ -104,10 +116,13 @@ bool RcQueuePair::next_request(TxPlan& plan) {
     const bool last = tx_pkt_ + 1 == entry.npkts;
     bth.opcode = request_opcode(entry.wr.opcode, first, last);
     // §2.8: a resend from the middle of a message carries MIDDLE/LAST opcodes, no RETH.
-    if (entry.wr.opcode == WrOpcode::rdma_write && first)
+    if (is_write(entry.wr.opcode) && first)
       plan.headers.reth = w::Reth{.virtual_address = entry.wr.remote_addr, .r_key = entry.wr.rkey, .dma_length = entry.length};
     if (entry.wr.opcode == WrOpcode::send_with_invalidate && last) plan.headers.invalidate_rkey = entry.wr.invalidate_rkey;
-    // §1.2: SE only on the last packet of a SEND that asked for it.
+    // verbs imm_data is big-endian in memory; the codec writes `immediate` big-endian.
+    if (has_immediate(entry.wr.opcode) && last) plan.headers.immediate = ntohl(entry.wr.imm_data);
+    // §1.2: SE only on the last packet of a SEND (or a WRITE with Immediate, which
+    // consumes a receive) that asked for it.
     bth.solicited_event = last && entry.wr.opcode != WrOpcode::rdma_write && (entry.wr.flags & kSendSolicited);
     // §2.5: AckReq on every message's last packet, periodically in long ones, and on the
     // packet that fills the window (nothing else would ask before the timer).

@@ -1,6 +1,8 @@
 // RC responder: the expected PSN, execution of SEND/WRITE/READ requests against posted
 // receives and registered memory, duplicates, and the ACKs, NAKs and read responses owed
 // in return (roce-ibcm-wire.md §2.3-2.10).
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -26,26 +28,30 @@ struct RequestShape {
   bool starts = false;  // FIRST or ONLY: opens a message
   bool ends = false;    // LAST or ONLY
   bool invalidate = false;
+  bool immediate = false;  // carries ImmDt; on a WRITE it consumes a receive (§2.3)
 };
 
 RequestShape shape_of(w::Opcode op) {
   using O = w::Opcode;
   switch (op) {
-    case O::rc_send_first: return {Family::send, true, false, false};
-    case O::rc_send_middle: return {Family::send, false, false, false};
-    case O::rc_send_last: return {Family::send, false, true, false};
-    case O::rc_send_last_invalidate: return {Family::send, false, true, true};
-    case O::rc_send_only: return {Family::send, true, true, false};
-    case O::rc_send_only_invalidate: return {Family::send, true, true, true};
-    case O::rc_rdma_write_first: return {Family::write, true, false, false};
-    case O::rc_rdma_write_middle: return {Family::write, false, false, false};
-    case O::rc_rdma_write_last: return {Family::write, false, true, false};
-    case O::rc_rdma_write_only: return {Family::write, true, true, false};
-    case O::rc_rdma_read_request: return {Family::read, true, true, false};
+    case O::rc_send_first: return {Family::send, true, false, false, false};
+    case O::rc_send_middle: return {Family::send, false, false, false, false};
+    case O::rc_send_last: return {Family::send, false, true, false, false};
+    case O::rc_send_last_invalidate: return {Family::send, false, true, true, false};
+    case O::rc_send_last_immediate: return {Family::send, false, true, false, true};
+    case O::rc_send_only: return {Family::send, true, true, false, false};
+    case O::rc_send_only_invalidate: return {Family::send, true, true, true, false};
+    case O::rc_send_only_immediate: return {Family::send, true, true, false, true};
+    case O::rc_rdma_write_first: return {Family::write, true, false, false, false};
+    case O::rc_rdma_write_middle: return {Family::write, false, false, false, false};
+    case O::rc_rdma_write_last: return {Family::write, false, true, false, false};
+    case O::rc_rdma_write_last_immediate: return {Family::write, false, true, false, true};
+    case O::rc_rdma_write_only: return {Family::write, true, true, false, false};
+    case O::rc_rdma_write_only_immediate: return {Family::write, true, true, false, true};
+    case O::rc_rdma_read_request: return {Family::read, true, true, false, false};
     default: break;
   }
-  // The immediate opcodes and atomics: peercm's verbs carry neither immediate data nor
-  // atomics, so they cannot be completed.
+  // Atomics: peercm's verbs have none, so they cannot be completed.
   return {};
 }
 
@@ -163,6 +169,11 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
                         .opcode = WcOpcode::recv,
                         .byte_len = static_cast<std::uint32_t>(rx_offset_),
                         .qp_num = params_.local_qpn};
+      if (shape.immediate) {
+        // verbs imm_data is big-endian in memory; the codec holds ImmDt as a host value.
+        wc.wc_flags |= kWcWithImm;
+        wc.imm_data = htonl(h.immediate);
+      }
       if (shape.invalidate) {
         if (memory_.invalidate(h.invalidate_rkey, config_.pd)) {
           responder_error(RcErrorCause::invalid_request, w::NakCode::invalid_request, psn,
@@ -179,6 +190,17 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
       push_recv_completion(wc, h.bth.solicited_event);
     }
   } else {
+    // §2.3, §2.7: a WRITE with Immediate consumes a receive WQE on its LAST/ONLY packet;
+    // without one it is RNR NAKed like a SEND (checked first, as rxe does), the packet
+    // dropped and ePSN kept, so that its resend finds the message where it was.
+    if (shape.immediate && rq_.empty()) {
+      ++stats_.rnr_naks_sent;
+      responses_.push_back(Response{.kind = Response::Kind::rnr_nak,
+                                    .psn = psn,
+                                    .msn = msn_,
+                                    .value = params_.min_rnr_timer});
+      return;
+    }
     if (shape.starts) {
       // §2.3: WRITE payloads inside a region whose R_Key grants remote write; a
       // zero-length WRITE needs no valid R_Key.
@@ -204,6 +226,20 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
     if (shape.ends) {
       rx_message_ = RxMessage::none;
       msn_ = w::psn_next(msn_);
+      if (shape.immediate) {
+        // The receive gives only its wr_id: the data went where the WRITE put it, so its
+        // SGEs are neither used nor checked (as rxe), and byte_len is the WRITE's length.
+        const PostedRecv posted = rq_.take();
+        WorkCompletion wc{.wr_id = posted.wr.wr_id,
+                          .status = WcStatus::success,
+                          .opcode = WcOpcode::recv_rdma_with_imm,
+                          .byte_len = rx_reth_.dma_length,
+                          .qp_num = params_.local_qpn,
+                          .wc_flags = kWcWithImm,
+                          .imm_data = htonl(h.immediate)};
+        if (h.bth.solicited_event) wc.wc_flags |= kWcSolicited;
+        push_recv_completion(wc, h.bth.solicited_event);
+      }
     }
   }
   epsn_ = w::psn_next(psn);

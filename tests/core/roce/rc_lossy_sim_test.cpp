@@ -1,8 +1,10 @@
 // Two RC queue pairs over the deterministic lossy network, many seeds: each side posts a
 // random mix of SENDs (0 to 3.5 PMTUs, some inline, some solicited, some fenced), WRITEs
-// and READs; receives are posted up front or late (RNR). With up to 20 % loss, duplicates
-// and reordering, every byte must arrive exactly once, in order and intact, and every WR
-// must complete exactly once with success. A failing seed is printed, to rerun it alone
+// and READs, about a third of the SENDs and WRITEs with immediate data; receives are
+// posted up front or late (RNR, for WRITE with Immediate too). With up to 20 % loss,
+// duplicates and reordering, every byte must arrive exactly once, in order and intact,
+// every WR must complete exactly once with success, and every immediate value must reach
+// its receive completion exactly once, in order. A failing seed is printed, to rerun it alone
 // with --gtest_filter=RcLossySimulation.* and PEERCM_RC_SIM_FIRST_SEED / _SEEDS.
 #include <gtest/gtest.h>
 
@@ -28,22 +30,27 @@ struct Op {
   std::uint32_t length = 0;
   std::uint32_t flags = 0;
   std::uint64_t pattern = 0;
-  std::size_t recv_index = 0;  // SEND: which of the peer's receives it lands in
+  std::size_t recv_index = 0;  // SEND, WRITE with Immediate: which of the peer's receives it consumes
+  std::uint32_t imm = 0;       // with Immediate: network byte order, as verbs
 };
+
+bool is_write(WrOpcode op) { return op == WrOpcode::rdma_write || op == WrOpcode::rdma_write_with_imm; }
+bool is_send(WrOpcode op) { return op == WrOpcode::send || op == WrOpcode::send_with_imm; }
+bool with_imm(WrOpcode op) { return op == WrOpcode::send_with_imm || op == WrOpcode::rdma_write_with_imm; }
 
 struct Side {
   explicit Side(std::uint64_t memory_seed) : node(memory_seed, RcQpConfig{.caps = QpCaps{.max_send_wr = 64, .max_recv_wr = 64}}) {}
   Node node;
   Mr src, write_dst, read_src, read_dst, recv_buf;
   std::vector<Op> ops;
-  std::size_t sends = 0;
+  std::size_t sends = 0;  // messages that consume one of the peer's receives
 };
 
 // What the seeds exercised, summed: a run that never lost, reordered or retried proves
 // little, so the test checks that each recovery path was taken.
 struct Coverage {
   std::uint64_t dropped = 0, timeouts = 0, sequence_naks = 0, rnr_naks = 0, read_replays = 0, duplicates = 0,
-                retransmitted = 0, packets = 0;
+                retransmitted = 0, packets = 0, send_imm = 0, write_imm = 0;
 };
 Coverage coverage;
 
@@ -99,9 +106,13 @@ std::string run_seed(std::uint64_t seed) {
       Op op;
       const auto kind = pick(0, 9);
       op.opcode = kind < 5 ? WrOpcode::send : kind < 8 ? WrOpcode::rdma_write : WrOpcode::rdma_read;
+      // About a third of SENDs and WRITEs carry immediate data.
+      if (op.opcode == WrOpcode::send && chance(0.3)) op.opcode = WrOpcode::send_with_imm;
+      if (op.opcode == WrOpcode::rdma_write && chance(0.3)) op.opcode = WrOpcode::rdma_write_with_imm;
       op.length = static_cast<std::uint32_t>(chance(0.15) ? pick(0, 3) : pick(0, max_len));
       op.pattern = seed * 1000 + static_cast<std::uint64_t>(s) * 100 + i;
-      if (op.opcode == WrOpcode::send) {
+      if (with_imm(op.opcode)) op.imm = static_cast<std::uint32_t>(pick(0, 0xFFFFFFFFu));
+      if (is_send(op.opcode) || op.opcode == WrOpcode::rdma_write_with_imm) {
         op.recv_index = side.sends++;
         if (chance(0.3)) op.flags |= kSendSolicited;
         if (op.length <= 256 && chance(0.3)) op.flags |= kSendInline;
@@ -158,7 +169,7 @@ std::string run_seed(std::uint64_t seed) {
       } else {
         fill_pattern(side.src.bytes(i * max_len, op.length), op.pattern);
         posted = side.node.post(i, op.opcode, split(side.src, i * max_len, op.length, pieces, rng), op.flags,
-                                peer.write_dst.addr + i * max_len, peer.write_dst.key);
+                                peer.write_dst.addr + i * max_len, peer.write_dst.key, 0, op.imm);
       }
       if (!posted) return "post_send failed";
     }
@@ -236,19 +247,28 @@ std::string run_seed(std::uint64_t seed) {
     // Every byte once, in order, intact.
     for (std::size_t i = 0; i < side.ops.size(); ++i) {
       const Op& op = side.ops[i];
-      if (op.opcode == WrOpcode::rdma_write && !has_pattern(peer.write_dst.bytes(i * max_len, op.length), op.pattern))
+      if (is_write(op.opcode) && !has_pattern(peer.write_dst.bytes(i * max_len, op.length), op.pattern))
         problems << name << " write " << i << " corrupt; ";
       if (op.opcode == WrOpcode::rdma_read && !has_pattern(side.read_dst.bytes(i * max_len, op.length), op.pattern))
         problems << name << " read " << i << " corrupt; ";
-      if (op.opcode == WrOpcode::send) {
+      if (is_send(op.opcode) || op.opcode == WrOpcode::rdma_write_with_imm) {
+        // The receive completions come in the order the messages were posted, one each:
+        // the recv_index-th is this message's, with its immediate data when it has some.
         if (op.recv_index >= peer.node.rcq.wcs.size()) continue;
+        if (op.opcode == WrOpcode::send_with_imm) ++coverage.send_imm;
+        if (op.opcode == WrOpcode::rdma_write_with_imm) ++coverage.write_imm;
         const WorkCompletion& wc = peer.node.rcq.wcs[op.recv_index];
         const bool solicited = (wc.wc_flags & kWcSolicited) != 0;
+        const bool has_imm = (wc.wc_flags & kWcWithImm) != 0;
+        const WcOpcode expected_opcode =
+            op.opcode == WrOpcode::rdma_write_with_imm ? WcOpcode::recv_rdma_with_imm : WcOpcode::recv;
         if (wc.wr_id != 900 + op.recv_index || wc.status != WcStatus::success || wc.byte_len != op.length ||
-            solicited != ((op.flags & kSendSolicited) != 0) ||
-            !has_pattern(peer.recv_buf.bytes(op.recv_index * max_len, op.length), op.pattern))
-          problems << name << " send " << i << " arrived wrong (" << to_string(wc.status) << ", " << wc.byte_len
-                   << " bytes); ";
+            wc.opcode != expected_opcode || solicited != ((op.flags & kSendSolicited) != 0) ||
+            has_imm != with_imm(op.opcode) || (has_imm && wc.imm_data != op.imm) ||
+            (is_send(op.opcode) && !has_pattern(peer.recv_buf.bytes(op.recv_index * max_len, op.length), op.pattern)))
+          problems << name << " op " << i << " (" << static_cast<int>(op.opcode) << ") arrived wrong ("
+                   << to_string(wc.status) << ", " << to_string(wc.opcode) << ", " << wc.byte_len << " bytes, imm "
+                   << wc.imm_data << "); ";
       }
     }
     if (peer.node.rcq.wcs.size() != side.sends) problems << name << " sends received " << peer.node.rcq.wcs.size();
@@ -272,7 +292,8 @@ TEST(RcLossySimulation, EveryByteOnceEveryWrOnceUnderLossDuplicationAndReorderin
   std::cout << "[ coverage ] " << seeds << " seeds, " << coverage.packets << " datagrams delivered, "
             << coverage.dropped << " dropped, " << coverage.retransmitted << " retransmitted, " << coverage.timeouts
             << " ACK timeouts, " << coverage.sequence_naks << " sequence NAKs, " << coverage.rnr_naks << " RNR NAKs, "
-            << coverage.duplicates << " duplicate requests, " << coverage.read_replays << " READ replays\n";
+            << coverage.duplicates << " duplicate requests, " << coverage.read_replays << " READ replays, "
+            << coverage.send_imm << " SENDs and " << coverage.write_imm << " WRITEs with Immediate\n";
   if (seeds >= 200) {
     EXPECT_GT(coverage.dropped, 0u);
     EXPECT_GT(coverage.timeouts, 0u);
@@ -280,6 +301,8 @@ TEST(RcLossySimulation, EveryByteOnceEveryWrOnceUnderLossDuplicationAndReorderin
     EXPECT_GT(coverage.rnr_naks, 0u);
     EXPECT_GT(coverage.read_replays, 0u);
     EXPECT_GT(coverage.duplicates, 0u);
+    EXPECT_GT(coverage.send_imm, 0u);
+    EXPECT_GT(coverage.write_imm, 0u);
   }
 }
 

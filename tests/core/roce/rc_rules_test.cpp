@@ -1,7 +1,10 @@
 // The RC rules one at a time, on a wire the test drives by hand: segmentation and AckReq,
 // ACK coalescing, PSN wrap, sequence-error NAK, RNR NAK and rnr_retry, retry exhaustion,
 // remote access errors, READ retry and replay, ORD/IRD, Fence, duplicates, ICRC, flushing.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include "rc_test_support.hpp"
 #include "wire/roce/psn.hpp"
@@ -511,6 +514,253 @@ TEST(RcRules, SendWithInvalidateAndSolicitedEvent) {
   EXPECT_EQ(wire.b.rcq.wcs[0].invalidated_rkey, victim.key);
   EXPECT_EQ(wire.b.rcq.solicited_events, 1);
   EXPECT_EQ(wire.b.memory.find(victim.key), nullptr);
+}
+
+// ---------------------------------------------------------------- immediate data
+
+// verbs imm_data is network byte order; ImmDt on the wire carries the same four bytes.
+constexpr std::uint32_t kImmHost = 0x12345678;
+const std::uint32_t kImm = htonl(kImmHost);
+
+TEST(RcRules, SendWithImmediateOnlyPacketCompletesTheReceiveWithImm) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64);
+  fill_pattern(src.bytes(0, 10), 3);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 64)}));
+  ASSERT_TRUE(wire.a.post(7, WrOpcode::send_with_imm, {src.sge(0, 10)}, 0, 0, 0, 0, kImm));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 1u);
+  const auto v = Wire::view(out[0]);
+  EXPECT_EQ(v.headers.bth.opcode, O::rc_send_only_immediate);
+  EXPECT_EQ(v.headers.immediate, kImmHost);
+  EXPECT_TRUE(v.headers.bth.ack_request);
+  EXPECT_FALSE(v.headers.bth.solicited_event);
+  // The ImmDt bytes follow the BTH in network order.
+  EXPECT_EQ(std::memcmp(out[0].data() + w::kBthSize, &kImm, 4), 0);
+  wire.deliver(1, out[0]);
+  wire.settle();
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  const WorkCompletion& rwc = wire.b.rcq.wcs[0];
+  EXPECT_EQ(rwc.wr_id, 1u);
+  EXPECT_EQ(rwc.status, WcStatus::success);
+  EXPECT_EQ(rwc.opcode, WcOpcode::recv);
+  EXPECT_EQ(rwc.byte_len, 10u);
+  EXPECT_EQ(rwc.wc_flags, kWcWithImm);
+  EXPECT_EQ(rwc.imm_data, kImm);
+  EXPECT_TRUE(has_pattern(dst.bytes(0, 10), 3));
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].opcode, WcOpcode::send);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+  EXPECT_EQ(wire.a.scq.wcs[0].wc_flags, 0u);
+}
+
+TEST(RcRules, MultiPacketSendWithImmediateCarriesImmDtOnlyOnTheLastPacket) {
+  Wire wire;  // PMTU 256
+  Mr src = wire.a.reg(1000);
+  Mr dst = wire.b.reg(1000);
+  fill_pattern(src.bytes(0, 600), 4);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 1000)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send_with_imm, {src.sge(0, 600)}, kSendSolicited, 0, 0, 0, kImm));
+  const auto out = wire.drain(0);
+  const auto v = views(out);
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[0].headers.bth.opcode, O::rc_send_first);
+  EXPECT_EQ(v[1].headers.bth.opcode, O::rc_send_middle);
+  EXPECT_EQ(v[2].headers.bth.opcode, O::rc_send_last_immediate);
+  EXPECT_EQ(v[2].headers.immediate, kImmHost);
+  EXPECT_EQ(v[2].payload.size(), 600u - 512u);
+  EXPECT_TRUE(v[2].headers.bth.ack_request);
+  EXPECT_TRUE(v[2].headers.bth.solicited_event);
+  EXPECT_FALSE(v[0].headers.bth.solicited_event);
+  for (const Bytes& d : out) wire.deliver(1, d);
+  wire.settle();
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.b.rcq.wcs[0].opcode, WcOpcode::recv);
+  EXPECT_EQ(wire.b.rcq.wcs[0].byte_len, 600u);
+  EXPECT_EQ(wire.b.rcq.wcs[0].wc_flags, kWcWithImm | kWcSolicited);
+  EXPECT_EQ(wire.b.rcq.wcs[0].imm_data, kImm);
+  EXPECT_EQ(wire.b.rcq.solicited_events, 1);
+  EXPECT_TRUE(has_pattern(dst.bytes(0, 600), 4));
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].byte_len, 600u);
+}
+
+TEST(RcRules, ZeroLengthWriteWithImmediateIsOneOnlyPacketAndConsumesAReceive) {
+  Wire wire;
+  Mr dst = wire.b.reg(16);
+  ASSERT_TRUE(wire.b.recv(5, {dst.sge(0, 16)}));
+  // A zero-length WRITE needs no valid R_Key: address and key 0.
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::rdma_write_with_imm, {}, 0, 0, 0, 0, kImm));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 1u);
+  const auto v = Wire::view(out[0]);
+  EXPECT_EQ(v.headers.bth.opcode, O::rc_rdma_write_only_immediate);
+  EXPECT_EQ(v.headers.reth.dma_length, 0u);
+  EXPECT_EQ(v.headers.immediate, kImmHost);
+  EXPECT_TRUE(v.payload.empty());
+  EXPECT_TRUE(v.headers.bth.ack_request);
+  wire.deliver(1, out[0]);
+  wire.settle();
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  const WorkCompletion& rwc = wire.b.rcq.wcs[0];
+  EXPECT_EQ(rwc.wr_id, 5u);
+  EXPECT_EQ(rwc.status, WcStatus::success);
+  EXPECT_EQ(rwc.opcode, WcOpcode::recv_rdma_with_imm);
+  EXPECT_EQ(rwc.byte_len, 0u);
+  EXPECT_EQ(rwc.wc_flags, kWcWithImm);
+  EXPECT_EQ(rwc.imm_data, kImm);
+  EXPECT_EQ(wire.b.qp.recv_queue_size(), 0u);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].opcode, WcOpcode::rdma_write);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+  EXPECT_EQ(wire.b.qp.state(), QpState::rts);
+}
+
+TEST(RcRules, MultiPacketWriteWithImmediatePlacesTheDataAndReportsItsLength) {
+  Wire wire;  // PMTU 256
+  Mr src = wire.a.reg(1000);
+  Mr target = wire.b.reg(1000);
+  Mr small = wire.b.reg(4);
+  fill_pattern(src.bytes(0, 700), 5);
+  // A plain WRITE first: it consumes no receive.
+  ASSERT_TRUE(wire.b.recv(9, {small.sge(0, 4)}));  // smaller than the WRITE: only its wr_id counts
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::rdma_write, {src.sge(0, 10)}, 0, target.addr + 900, target.key));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::rdma_write_with_imm, {src.sge(0, 300), src.sge(300, 400)}, 0,
+                          target.addr + 100, target.key, 0, kImm));
+  const auto out = wire.drain(0);
+  const auto v = views(out);
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_EQ(v[0].headers.bth.opcode, O::rc_rdma_write_only);
+  EXPECT_EQ(v[1].headers.bth.opcode, O::rc_rdma_write_first);
+  EXPECT_EQ(v[1].headers.reth.dma_length, 700u);
+  EXPECT_EQ(v[1].headers.reth.virtual_address, target.addr + 100);
+  EXPECT_EQ(v[2].headers.bth.opcode, O::rc_rdma_write_middle);
+  EXPECT_EQ(v[3].headers.bth.opcode, O::rc_rdma_write_last_immediate);
+  EXPECT_EQ(v[3].headers.immediate, kImmHost);
+  EXPECT_TRUE(v[3].headers.bth.ack_request);
+  for (std::size_t i = 0; i < 3; ++i) {
+    wire.deliver(1, out[i]);
+    EXPECT_TRUE(wire.b.rcq.wcs.empty()) << i;  // nothing before the LAST packet
+  }
+  EXPECT_EQ(wire.b.qp.recv_queue_size(), 1u);
+  wire.deliver(1, out[3]);
+  wire.settle();
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  const WorkCompletion& rwc = wire.b.rcq.wcs[0];
+  EXPECT_EQ(rwc.wr_id, 9u);
+  EXPECT_EQ(rwc.status, WcStatus::success);
+  EXPECT_EQ(rwc.opcode, WcOpcode::recv_rdma_with_imm);
+  EXPECT_EQ(rwc.byte_len, 700u);
+  EXPECT_EQ(rwc.wc_flags, kWcWithImm);
+  EXPECT_EQ(rwc.imm_data, kImm);
+  EXPECT_TRUE(has_pattern(target.bytes(100, 700), 5));
+  EXPECT_TRUE(has_pattern(target.bytes(900, 10), 5));
+  EXPECT_EQ(small.bytes(0, 4)[0], 0);  // the receive's buffer is not written
+  ASSERT_EQ(wire.a.scq.wcs.size(), 2u);
+  EXPECT_EQ(wire.a.scq.wcs[1].wr_id, 2u);
+  EXPECT_EQ(wire.a.scq.wcs[1].opcode, WcOpcode::rdma_write);
+  EXPECT_EQ(wire.a.scq.wcs[1].byte_len, 700u);
+}
+
+TEST(RcRules, WriteWithImmediateWithoutAReceiveIsRnrNakedAtItsLastPacketThenSucceeds) {
+  PairParams p = pair_params();
+  p.a.rnr_retry = 7;
+  p.b.min_rnr_timer = 14;  // 1.28 ms
+  Wire wire(p);
+  Mr src = wire.a.reg(1000);
+  Mr target = wire.b.reg(1000);
+  Mr rbuf = wire.b.reg(16);
+  fill_pattern(src.bytes(0, 600), 6);
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::rdma_write_with_imm, {src.sge(0, 600)}, 0, target.addr, target.key, 0, kImm));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 3u);
+  for (const Bytes& d : out) wire.deliver(1, d);
+  const auto nak_bytes = wire.drain(1);
+  const auto nak = views(nak_bytes);
+  ASSERT_EQ(nak.size(), 1u);
+  EXPECT_EQ(nak[0].headers.aeth.kind, w::AethKind::rnr_nak);
+  EXPECT_EQ(nak[0].headers.bth.psn, 102u);  // the LAST packet; FIRST and MIDDLE were placed
+  EXPECT_EQ(nak[0].headers.aeth.msn, 0u);
+  EXPECT_TRUE(wire.b.rcq.wcs.empty());
+  wire.deliver(0, nak_bytes[0]);
+  EXPECT_TRUE(wire.drain(0).empty());  // waits out the RNR timer
+  // A second try still finds no receive.
+  wire.now = *wire.a.qp.next_deadline();
+  wire.a.qp.handle_timeout(wire.now);
+  auto again = wire.drain(0);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(Wire::view(again[0]).headers.bth.opcode, O::rc_rdma_write_last_immediate);
+  EXPECT_EQ(Wire::view(again[0]).headers.bth.psn, 102u);
+  wire.deliver(1, again[0]);
+  const auto nak2 = wire.drain(1);
+  ASSERT_EQ(nak2.size(), 1u);
+  EXPECT_EQ(Wire::view(nak2[0]).headers.aeth.kind, w::AethKind::rnr_nak);
+  EXPECT_EQ(Wire::view(nak2[0]).headers.bth.psn, 102u);
+  wire.deliver(0, nak2[0]);
+  EXPECT_TRUE(wire.a.scq.wcs.empty());
+  EXPECT_TRUE(wire.b.rcq.wcs.empty());
+  // Posting a receive lets the resend through.
+  ASSERT_TRUE(wire.b.recv(4, {rbuf.sge(0, 16)}));
+  std::vector<O> resent;
+  wire.filter = [&](int from, const w::PacketView& pv) {
+    if (from == 0) resent.push_back(pv.headers.bth.opcode);
+    return true;
+  };
+  wire.now = *wire.a.qp.next_deadline();
+  wire.a.qp.handle_timeout(wire.now);
+  wire.run();
+  EXPECT_EQ(resent, (std::vector<O>{O::rc_rdma_write_last_immediate}));
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.b.rcq.wcs[0].wr_id, 4u);
+  EXPECT_EQ(wire.b.rcq.wcs[0].opcode, WcOpcode::recv_rdma_with_imm);
+  EXPECT_EQ(wire.b.rcq.wcs[0].byte_len, 600u);
+  EXPECT_EQ(wire.b.rcq.wcs[0].imm_data, kImm);
+  EXPECT_TRUE(has_pattern(target.bytes(0, 600), 6));
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+  EXPECT_EQ(wire.b.qp.stats().rnr_naks_sent, 2u);
+  EXPECT_EQ(wire.a.qp.stats().rnr_naks_received, 2u);
+}
+
+TEST(RcRules, DuplicateLastPacketsWithImmediateDoNotCompleteTwice) {
+  Wire wire;  // PMTU 256
+  Mr src = wire.a.reg(1000);
+  Mr target = wire.b.reg(1000);
+  Mr dst = wire.b.reg(1000);
+  for (std::uint64_t id = 1; id <= 4; ++id) ASSERT_TRUE(wire.b.recv(id, {dst.sge((id - 1) * 250, 250)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send_with_imm, {src.sge(0, 200)}, 0, 0, 0, 0, htonl(1)));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::rdma_write_with_imm, {src.sge(0, 300)}, 0, target.addr, target.key, 0,
+                          htonl(2)));
+  ASSERT_TRUE(wire.a.post(3, WrOpcode::rdma_write_with_imm, {}, 0, 0, 0, 0, htonl(3)));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 4u);  // SEND ONLY imm, WRITE FIRST + LAST imm, WRITE ONLY imm
+  for (const Bytes& d : out) wire.deliver(1, d);
+  wire.drain(1);  // the ACK is "lost"
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 3u);
+  // Every packet again, as the requester's timeout would resend them: acknowledged, not
+  // executed; no receive is consumed and nothing completes again.
+  for (const Bytes& d : out) wire.deliver(1, d);
+  const auto acks = views(wire.drain(1));
+  ASSERT_FALSE(acks.empty());
+  EXPECT_EQ(acks.back().headers.aeth.kind, w::AethKind::ack);
+  EXPECT_EQ(acks.back().headers.bth.psn, 103u);
+  EXPECT_EQ(acks.back().headers.aeth.msn, 3u);
+  EXPECT_EQ(wire.b.qp.stats().duplicate_requests, 4u);
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 3u);
+  EXPECT_EQ(wire.b.qp.recv_queue_size(), 1u);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(wire.b.rcq.wcs[i].wr_id, i + 1);
+    EXPECT_EQ(wire.b.rcq.wcs[i].imm_data, htonl(i + 1));
+  }
+  EXPECT_EQ(wire.b.rcq.wcs[0].opcode, WcOpcode::recv);
+  EXPECT_EQ(wire.b.rcq.wcs[1].opcode, WcOpcode::recv_rdma_with_imm);
+  EXPECT_EQ(wire.b.rcq.wcs[2].opcode, WcOpcode::recv_rdma_with_imm);
+  // And through the requester's own timer: still three receive completions.
+  wire.run();
+  EXPECT_EQ(wire.b.rcq.wcs.size(), 3u);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 3u);
+  for (const WorkCompletion& wc : wire.a.scq.wcs) EXPECT_EQ(wc.status, WcStatus::success);
 }
 
 TEST(RcRules, ReceiveTooSmallIsALengthErrorAndAnInvalidRequestNak) {

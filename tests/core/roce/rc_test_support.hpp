@@ -71,7 +71,8 @@ struct Node {
   }
 
   Status<std::errc> post(std::uint64_t id, WrOpcode op, std::vector<Sge> sges, std::uint32_t flags = 0,
-                         std::uint64_t remote_addr = 0, std::uint32_t rkey = 0, std::uint32_t invalidate = 0) {
+                         std::uint64_t remote_addr = 0, std::uint32_t rkey = 0, std::uint32_t invalidate = 0,
+                         std::uint32_t imm_data = 0) {
     SendWr wr;
     wr.wr_id = id;
     wr.opcode = op;
@@ -80,6 +81,7 @@ struct Node {
     wr.remote_addr = remote_addr;
     wr.rkey = rkey;
     wr.invalidate_rkey = invalidate;
+    wr.imm_data = imm_data;
     return qp.post_send(wr);
   }
   Status<std::errc> recv(std::uint64_t id, std::vector<Sge> sges) {
