@@ -193,6 +193,29 @@ Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::u
 
 namespace {
 
+// The REP's fields: the id's QP, a fresh starting PSN, and what the application offers.
+core::ibcm::IbCmAcceptParams reply_params(const CmIdImpl& id, const ConnParam& param) {
+  core::ibcm::IbCmAcceptParams reply;
+  reply.qpn = id.qp_impl->roce->qpn;
+  reply.starting_psn = random_psn();
+  reply.responder_resources = param.responder_resources;
+  reply.initiator_depth = param.initiator_depth;
+  reply.private_data = param.private_data;
+  return reply;
+}
+
+// The agent's `agent_id` now carries the id's connect: track it until ESTABLISHED or failure.
+void start_connecting(CmIdImpl& id, core::ibcm::IbCmId agent_id, std::uint32_t psn, const ConnParam& param) {
+  RoceDevice& device = device_of(*id.ctx);
+  id.roce_id = agent_id;
+  id.roce_psn = psn;
+  id.roce_param = param;
+  id.peer = id.destination;
+  device.track_id(id.roce_address, id.roce_id, id.shared_from_this());
+  id.state = CmIdImpl::State::connecting;
+  device.pump();
+}
+
 // design.md §3 rule 5 makes connect() EALREADY while the peer's request with our key is
 // undecided. When that request is still a CONNECT_REQUEST the application has not fetched
 // (the peer's REQ simply arrived first), the iWARP binding takes it back and lets the
@@ -209,20 +232,9 @@ Status<std::errc> adopt_unseen_request(CmIdImpl& id, RocePort& port, const ConnP
   const core::ibcm::IbCmId agent_id = request->roce_id;
   end_agent_id(*request);
   request->state = CmIdImpl::State::idle;
-  core::ibcm::IbCmAcceptParams reply;
-  reply.qpn = id.qp_impl->roce->qpn;
-  reply.starting_psn = random_psn();
-  reply.responder_resources = param.responder_resources;
-  reply.initiator_depth = param.initiator_depth;
-  reply.private_data = param.private_data;
+  const core::ibcm::IbCmAcceptParams reply = reply_params(id, param);
   if (auto accepted = port.agent.accept(agent_id, reply, now()); !accepted) return fail(accepted.error());
-  id.roce_id = agent_id;
-  id.roce_psn = reply.starting_psn;
-  id.roce_param = param;
-  id.peer = id.destination;
-  device.track_id(id.roce_address, id.roce_id, id.shared_from_this());
-  id.state = CmIdImpl::State::connecting;
-  device.pump();
+  start_connecting(id, agent_id, reply.starting_psn, param);
   return {};
 }
 
@@ -249,13 +261,7 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
   if (!agent_id && agent_id.error() == std::errc::connection_already_in_progress && id.peer_to_peer)
     return adopt_unseen_request(id, *port, param, retracted);
   if (!agent_id) return fail(agent_id.error());
-  id.roce_id = *agent_id;
-  id.roce_psn = request.starting_psn;
-  id.roce_param = param;
-  id.peer = id.destination;
-  device.track_id(id.roce_address, id.roce_id, id.shared_from_this());
-  id.state = CmIdImpl::State::connecting;
-  device.pump();
+  start_connecting(id, *agent_id, request.starting_psn, param);
   return {};
 }
 
@@ -264,12 +270,7 @@ Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) {
   if (!id.qp_impl || !id.qp_impl->roce) return fail(std::errc::invalid_argument);
   RocePort* port = port_of(id);
   if (!port) return fail(std::errc::invalid_argument);
-  core::ibcm::IbCmAcceptParams reply;
-  reply.qpn = id.qp_impl->roce->qpn;
-  reply.starting_psn = random_psn();
-  reply.responder_resources = param.responder_resources;
-  reply.initiator_depth = param.initiator_depth;
-  reply.private_data = param.private_data;
+  const core::ibcm::IbCmAcceptParams reply = reply_params(id, param);
   if (auto accepted = port->agent.accept(id.roce_id, reply, now()); !accepted) return fail(accepted.error());
   id.roce_psn = reply.starting_psn;
   id.roce_param = param;
