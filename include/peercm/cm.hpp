@@ -132,7 +132,8 @@ struct CmStats {
 // A communication identifier (rdma_cm_id).
 class CmId {
  public:
-  // `transport` is fixed for the id's life; a RoCE id makes its QP with create_qp() only.
+  // `transport` is fixed for the id's life. A RoCE id's QP comes from create_qp(), or from
+  // attach_qp() once the id has an address.
   static Result<std::unique_ptr<CmId>, std::errc> create(Context& context, EventChannel& channel,
                                                          void* user_context = nullptr,
                                                          Transport transport = Transport::iwarp);

@@ -412,6 +412,45 @@ TEST(Roce, SimultaneousConnectsMakeExactlyOneConnection) {
             kRounds);
 }
 
+// A QP made on its own joins a RoCE id once the id has an address (its packets leave from
+// it): before that attach_qp is EINVAL; after, the QP carries the connection and its number
+// is the wire QPN the peer sees.
+TEST(Roce, AttachedQueuePairCarriesTheConnection) {
+  RocePair pair;
+  pair.client.id = roce_id(pair.client);
+  ASSERT_TRUE(pair.client.id->set_option(CmOption::peer_to_peer, 0));
+  auto own = std::move(QueuePair::create(*pair.client.pd, pair.client.qp_attr()).value());
+  EXPECT_EQ(pair.client.id->attach_qp(*own).error(), std::errc::invalid_argument);
+  ASSERT_TRUE(pair.client.id->resolve_addr(pair.address));
+  expect_event(*pair.client.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(pair.client.id->resolve_route());
+  expect_event(*pair.client.channel, CmEventType::route_resolved);
+  ASSERT_TRUE(pair.client.id->attach_qp(*own));
+  ASSERT_TRUE(pair.client.id->connect({}));
+  pair.take_request();
+  EXPECT_EQ(pair.request.param.qp_num, own->qp_num());
+  pair.server.qp = pair.server.id->create_qp(*pair.server.pd, pair.server.qp_attr()).value();
+  ASSERT_TRUE(pair.server.id->accept({}));
+  expect_event(*pair.client.channel, CmEventType::established);
+  expect_event(*pair.server.channel, CmEventType::established);
+
+  std::vector<std::uint8_t> message(5000, 0x5A), sink(5000, 0);
+  auto message_mr = pair.client.region(message);
+  auto sink_mr = pair.server.region(sink);
+  ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = 1, .sg_list = {sink_mr->sge()}}));
+  ASSERT_TRUE(own->post_send(SendWr{.wr_id = 2, .opcode = WrOpcode::send, .sg_list = {message_mr->sge()}}));
+  auto received = poll_n(*pair.server.cq, 1);
+  auto sent = poll_n(*pair.client.cq, 1);
+  ASSERT_EQ(received.size(), 1u);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(received[0].status, WcStatus::success);
+  EXPECT_EQ(sent[0].status, WcStatus::success);
+  EXPECT_EQ(sent[0].qp_num, own->qp_num());
+  EXPECT_EQ(sink, message);
+  pair.client.id->detach_qp();
+  pair.client.id.reset();
+}
+
 // --- a lossy wire ---
 
 TEST(Roce, LossyWireDeliversEveryByteOnceInOrder) {
