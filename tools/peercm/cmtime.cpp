@@ -94,11 +94,6 @@ std::string end_text(const sockaddr_in& a, std::uint32_t qpn) {
   return qpn != 0 ? fmt::format("{}/qp{}", format_address(a), qpn) : format_address(a);
 }
 
-std::string random_loopback_host() {
-  std::random_device random;
-  return fmt::format("127.{}.{}.{}", 1 + random() % 254, random() % 256, 1 + random() % 254);
-}
-
 std::string describe(const CmEvent& event) {
   std::string text(to_string(event.type));
   if (event.status != 0) text += fmt::format(" ({})", std::generic_category().message(event.status));

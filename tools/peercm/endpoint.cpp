@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <thread>
 
 namespace peercm::tool {
@@ -135,6 +136,11 @@ std::optional<std::size_t> find_mismatch(std::span<const std::uint8_t> bytes, st
 // --- resources ---
 
 Transport transport_option(const std::string& name) { return name == "roce" ? Transport::roce : Transport::iwarp; }
+
+std::string random_loopback_host() {
+  std::random_device random;
+  return fmt::format("127.{}.{}.{}", 1 + random() % 254, random() % 256, 1 + random() % 254);
+}
 
 Device::Device(ProgressMode mode, Transport transport_to_use, const RoceFaults& faults) : transport(transport_to_use) {
   ContextOptions options{.progress = mode};

@@ -107,6 +107,9 @@ std::optional<std::size_t> find_mismatch(std::span<const std::uint8_t> bytes, st
 
 // "iwarp" or "roce" (--transport).
 Transport transport_option(const std::string& name);
+// A random 127.a.b.c: a RoCE node is one address, and runs side by side must not share
+// (address, 4791).
+std::string random_loopback_host();
 
 // One opened context and its CM event channel.
 // Its CmIds (resolve, listen_on) use `transport`.

@@ -569,11 +569,6 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
   }
 }
 
-std::string random_loopback_host() {
-  std::random_device random;
-  return fmt::format("127.{}.{}.{}", 1 + random() % 254, random() % 256, 1 + random() % 254);
-}
-
 int run_loopback(const PerfOptions& o) {
   const PerfParams p = params_from(o);
   const auto crc = crc_option(o.crc);
