@@ -153,6 +153,7 @@ class RcQueuePair {
   void handle_duplicate(const wire::roce::PacketView& packet);
   void queue_ack(std::uint32_t psn);
   void queue_nak(wire::roce::NakCode code, std::uint32_t psn);
+  void queue_rnr_nak(std::uint32_t psn);
   void responder_error(RcErrorCause cause, wire::roce::NakCode code, std::uint32_t psn,
                        std::optional<WcStatus> recv_status);
   bool next_response(TxPlan& plan);

@@ -134,12 +134,7 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
   if (shape.family == Family::send) {
     if (shape.starts) {
       if (rq_.empty()) {
-        // §2.7: no receive WQE: RNR NAK with our timer; the packet is dropped and ePSN stays.
-        ++stats_.rnr_naks_sent;
-        responses_.push_back(Response{.kind = Response::Kind::rnr_nak,
-                                      .psn = psn,
-                                      .msn = msn_,
-                                      .value = params_.min_rnr_timer});
+        queue_rnr_nak(psn);  // §2.7: no receive WQE
         return;
       }
       recv_taken_ = rq_.take();
@@ -194,11 +189,7 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
     // without one it is RNR NAKed like a SEND (checked first, as rxe does), the packet
     // dropped and ePSN kept, so that its resend finds the message where it was.
     if (shape.immediate && rq_.empty()) {
-      ++stats_.rnr_naks_sent;
-      responses_.push_back(Response{.kind = Response::Kind::rnr_nak,
-                                    .psn = psn,
-                                    .msn = msn_,
-                                    .value = params_.min_rnr_timer});
+      queue_rnr_nak(psn);
       return;
     }
     if (shape.starts) {
@@ -299,6 +290,13 @@ void RcQueuePair::queue_ack(std::uint32_t psn) {
     return;
   }
   responses_.push_back(Response{.kind = Response::Kind::ack, .psn = psn, .msn = msn_});
+}
+
+// §2.7: an RNR NAK with our timer; the packet is dropped and ePSN stays, so that its resend
+// finds the message where it was.
+void RcQueuePair::queue_rnr_nak(std::uint32_t psn) {
+  ++stats_.rnr_naks_sent;
+  responses_.push_back(Response{.kind = Response::Kind::rnr_nak, .psn = psn, .msn = msn_, .value = params_.min_rnr_timer});
 }
 
 void RcQueuePair::queue_nak(w::NakCode code, std::uint32_t psn) {
