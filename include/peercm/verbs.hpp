@@ -48,6 +48,10 @@ struct RoceOptions {
   // (docs/roce-transport.md). A packet capture on lo sees such a send as one large frame;
   // turn this off to capture one frame per RoCE packet.
   bool coalesce = true;
+  // How long an RC responder may hold the ACK a message asked for, waiting for the reply it
+  // then leaves with in one batch; only while the traffic alternates (docs/roce-transport.md).
+  // Zero: every ACK leaves at once.
+  std::chrono::microseconds ack_delay{50};
   RoceFaults faults;
 };
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cassert>
 #include <cerrno>
 #include <climits>
@@ -46,17 +47,32 @@ std::errc last_errc() { return static_cast<std::errc>(errno); }
   throw std::system_error(error, std::system_category(), what);
 }
 
-// epoll_wait timeout in ms for `max_wait` capped by `deadline` (if any), rounded UP so that
-// a timer is never found not-yet-due because the wait ended a fraction of a ms too soon.
-int wait_timeout_ms(Clock::time_point now, std::chrono::milliseconds max_wait,
-                    const Clock::time_point* deadline) {
-  std::int64_t ms = std::max<std::int64_t>(max_wait.count(), 0);
+// How long to wait: `max_wait` capped by `deadline` (if any). A timer of an RC transport
+// (an ACK held for a reply, tens of microseconds) needs better than epoll_wait's ms.
+std::chrono::nanoseconds wait_timeout(Clock::time_point now, std::chrono::milliseconds max_wait,
+                                      const Clock::time_point* deadline) {
+  std::chrono::nanoseconds wait = std::chrono::milliseconds(std::clamp<std::int64_t>(max_wait.count(), 0, INT_MAX));
   if (deadline != nullptr) {
-    if (*deadline <= now) return 0;
-    const auto until = std::chrono::ceil<std::chrono::milliseconds>(*deadline - now);
-    ms = std::min<std::int64_t>(ms, until.count());
+    if (*deadline <= now) return std::chrono::nanoseconds::zero();
+    wait = std::min(wait, std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - now));
   }
-  return static_cast<int>(std::min<std::int64_t>(ms, INT_MAX));
+  return wait;
+}
+
+// epoll_pwait2 (Linux 5.11) sleeps to the nanosecond; elsewhere epoll_wait's milliseconds,
+// rounded UP so that a timer is never found not-yet-due because the wait ended too soon.
+int wait_for_events(int epoll_fd, epoll_event* events, int max_events, std::chrono::nanoseconds timeout) {
+  static std::atomic<bool> has_pwait2{true};
+  if (has_pwait2.load(std::memory_order_relaxed)) {
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);
+    const timespec ts{.tv_sec = static_cast<time_t>(seconds.count()),
+                      .tv_nsec = static_cast<long>((timeout - seconds).count())};
+    const int ready = ::epoll_pwait2(epoll_fd, events, max_events, &ts, nullptr);
+    if (ready >= 0 || errno != ENOSYS) return ready;
+    has_pwait2.store(false, std::memory_order_relaxed);
+  }
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(timeout);
+  return ::epoll_wait(epoll_fd, events, max_events, static_cast<int>(std::min<std::int64_t>(ms.count(), INT_MAX)));
 }
 
 }  // namespace
@@ -169,15 +185,15 @@ void Reactor::run_once(std::unique_lock<std::mutex>& lock, std::chrono::millisec
   const CurrentReactorScope scope(this);
 
   const Clock::time_point before = Clock::now();
-  const int timeout_ms =
-      wait_timeout_ms(before, max_wait, timers_.empty() ? nullptr : &timers_.begin()->first);
+  const std::chrono::nanoseconds timeout =
+      wait_timeout(before, max_wait, timers_.empty() ? nullptr : &timers_.begin()->first);
 
   std::array<epoll_event, kMaxEvents> events;
-  const Clock::time_point my_deadline = before + std::chrono::milliseconds(timeout_ms);
+  const Clock::time_point my_deadline = before + std::chrono::duration_cast<Clock::duration>(timeout);
   sleep_deadline_ = sleepers_ == 0 ? my_deadline : std::max(sleep_deadline_, my_deadline);
   ++sleepers_;
   lock.unlock();
-  int ready = ::epoll_wait(epoll_fd_, events.data(), kMaxEvents, timeout_ms);
+  int ready = wait_for_events(epoll_fd_, events.data(), kMaxEvents, timeout);
   lock.lock();
   --sleepers_;
   if (ready < 0) ready = 0;  // EINTR: just run the due timers and return

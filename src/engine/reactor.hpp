@@ -70,7 +70,7 @@ class Reactor {
 
   // One round: wait (mutex released) up to `max_wait` or the next timer, then dispatch
   // ready fds and due timers (mutex held). `lock` must own the owner mutex.
-  // The wait is rounded up to whole milliseconds; a negative `max_wait` means "poll".
+  // A timer ends the wait to the nanosecond (epoll_pwait2); a negative `max_wait` means "poll".
   void run_once(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait);
   // Interrupts a run_once() sleeping in another thread. Thread-safe, no lock needed.
   void wake();

@@ -68,6 +68,7 @@ bool start_queue_pair(CmIdImpl& id, const IbCmAgentEvent& event) {
   params.local_ip = to_bytes(qp.local_address);
   params.remote_ip = event.peer_address;
   params.udp_source_port = qp.source_port;
+  params.ack_delay = device_of(*id.ctx).options().ack_delay;
   return qp.rc.connect(params, now()).has_value();
 }
 
@@ -297,8 +298,10 @@ Status<std::errc> disconnect(CmIdImpl& id) {
     return fail(std::errc::invalid_argument);
   RocePort* port = port_of(id);
   if (!port) return fail(std::errc::not_connected);
-  // rdma_disconnect: the QP goes to ERROR now and its outstanding work flushes.
+  // rdma_disconnect: the QP goes to ERROR now and its outstanding work flushes. The ACKs
+  // it still owes leave before the DREQ, which makes the peer flush what they would complete.
   qp_to_error(id);
+  device_of(*id.ctx).pump();
   if (id.state == CmIdImpl::State::established) (void)port->agent.disconnect(id.roce_id, now());
   id.emit_disconnected();
   device_of(*id.ctx).pump();
@@ -308,6 +311,12 @@ Status<std::errc> disconnect(CmIdImpl& id) {
 void release(CmIdImpl& id) {
   if (!id.ctx->roce) return;
   RoceDevice& device = *id.ctx->roce;
+  // A QP the id does not own outlives it, in ERROR as over iWARP; the ACKs it still owes
+  // leave before the DREQ below.
+  if (id.state == CmIdImpl::State::established) {
+    qp_to_error(id);
+    device.pump();
+  }
   if (RocePort* port = port_of(id)) {
     if (id.state == CmIdImpl::State::listening) {
       port->agent.stop_listening(id.roce_listen_port);
@@ -317,8 +326,6 @@ void release(CmIdImpl& id) {
     // disconnected; the agent finishes the exchange alone.
     if (id.roce_id != 0) port->agent.destroy(id.roce_id, now());
   }
-  // A QP the id does not own outlives it, in ERROR as over iWARP.
-  if (id.state == CmIdImpl::State::established) qp_to_error(id);
   end_agent_id(id);
   device.pump();
 }

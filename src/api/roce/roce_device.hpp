@@ -55,6 +55,7 @@ struct RocePort {
 class RoceDevice {
  public:
   RoceDevice(ContextImpl& ctx, const RoceOptions& options);
+  const RoceOptions& options() const { return options_; }
   // With the context lock held (the reactor's rule): unregisters and closes the sockets.
   ~RoceDevice();
   RoceDevice(const RoceDevice&) = delete;

@@ -34,6 +34,10 @@ struct RcConnectParams {
   std::uint8_t max_dest_rd_atomic = 16;  // IRD: the peer's Reads we keep contexts for
   // Request PSNs we keep unacknowledged at most (rxe keeps 128, §2.4).
   std::uint32_t send_window = 128;
+  // §2.5 ACK coalescing: while the traffic alternates (the peer's message, our request, ...)
+  // the ACK a message asked for waits for our next request and leaves right behind it, in
+  // the same batch; it leaves after this long at the latest. Zero: every ACK at once.
+  Duration ack_delay{};
   // The ICRC pseudo-header (§1.4, §1.5): our packets leave from local_ip:udp_source_port
   // to remote_ip:4791 with IPv4 identification 0 and DF; inbound ones are verified the same
   // way, with the source port the datagram arrived from.

@@ -175,6 +175,7 @@ std::optional<Time> RcQueuePair::next_deadline() const {
   if (state_ == QpState::error) return std::nullopt;
   std::optional<Time> next = ack_deadline_;
   if (rnr_until_ && (!next || *rnr_until_ < *next)) next = rnr_until_;
+  if (ack_held() && (!next || *ack_hold_until_ < *next)) next = ack_hold_until_;
   return next;
 }
 
@@ -201,9 +202,12 @@ void RcQueuePair::enter_error(const RcEvent& event) {
                                event.cause == RcErrorCause::access_violation ||
                                event.cause == RcErrorCause::operational_error;
   if (!responder_cause) {
-    responses_.clear();
+    // Queued ACKs still leave: they tell the peer what we executed, so that its WRs
+    // complete as they did (a held ACK would otherwise make a delivered message flush).
+    std::erase_if(responses_, [](const Response& r) { return r.kind != Response::Kind::ack; });
     pending_new_reads_ = 0;
   }
+  ack_hold_until_.reset();
   flush_all();
 }
 

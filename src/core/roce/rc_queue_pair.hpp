@@ -151,7 +151,9 @@ class RcQueuePair {
   void handle_request(const wire::roce::PacketView& packet);
   void execute_request(const wire::roce::PacketView& packet);
   void handle_duplicate(const wire::roce::PacketView& packet);
-  void queue_ack(std::uint32_t psn);
+  enum class AckTiming : std::uint8_t { now, may_wait_for_reply };
+  void queue_ack(std::uint32_t psn, AckTiming timing = AckTiming::now);
+  bool ack_held() const;
   void queue_nak(wire::roce::NakCode code, std::uint32_t psn);
   void queue_rnr_nak(std::uint32_t psn);
   void responder_error(RcErrorCause cause, wire::roce::NakCode code, std::uint32_t psn,
@@ -212,6 +214,11 @@ class RcQueuePair {
   std::deque<ReadContext> read_contexts_;
   std::deque<Response> responses_;
   std::uint32_t pending_new_reads_ = 0;
+  // ACK coalescing with our replies (RcConnectParams::ack_delay): the one queued ACK, when
+  // it is all responses_ holds, waits until this time or our next request.
+  std::optional<Time> ack_hold_until_;
+  bool alternating_ = false;            // our last request answered a message of the peer
+  bool message_since_request_ = false;  // a message ended since our last request
 };
 
 }  // namespace peercm::core::roce

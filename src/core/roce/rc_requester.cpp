@@ -95,6 +95,8 @@ bool RcQueuePair::next_request(TxPlan& plan) {
   }
   const std::uint32_t psn = tx_psn_;
   if (w::psn_before(psn, sent_end_psn_)) ++stats_.retransmitted_packets;
+  if (message_since_request_) alternating_ = true;  // a reply: hold ACKs for the next ones
+  message_since_request_ = false;
   plan = TxPlan{};
   w::Bth& bth = plan.headers.bth;
   bth.destination_qp = params_.remote_qpn;

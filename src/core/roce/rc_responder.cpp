@@ -235,8 +235,12 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
   }
   epsn_ = w::psn_next(psn);
   ++unacked_requests_;
+  if (shape.ends) message_since_request_ = true;
   // §2.5: ACK what asked for one, and at least every kAckCoalesceBound requests.
-  if (h.bth.ack_request || unacked_requests_ >= kAckCoalesceBound) queue_ack(psn);
+  if (unacked_requests_ >= kAckCoalesceBound)
+    queue_ack(psn);
+  else if (h.bth.ack_request)
+    queue_ack(psn, shape.ends ? AckTiming::may_wait_for_reply : AckTiming::now);
 }
 
 // §2.10: duplicates never move ePSN or MSN.
@@ -282,14 +286,29 @@ void RcQueuePair::handle_duplicate(const w::PacketView& packet) {
 }
 
 // §2.5: ACKs coalesce: one still queued last is moved forward instead of adding another.
-void RcQueuePair::queue_ack(std::uint32_t psn) {
-  unacked_requests_ = 0;
+// While the traffic alternates it may also wait for our reply (RcConnectParams::ack_delay):
+// one datagram fewer each way, and the peer reads reply and ACK in one batch. A hold that
+// started keeps its deadline, so a stream of messages cannot postpone it.
+void RcQueuePair::queue_ack(std::uint32_t psn, AckTiming timing) {
   if (!responses_.empty() && responses_.back().kind == Response::Kind::ack) {
     responses_.back().psn = psn;
     responses_.back().msn = msn_;
+  } else {
+    responses_.push_back(Response{.kind = Response::Kind::ack, .psn = psn, .msn = msn_});
+  }
+  const bool hold = timing == AckTiming::may_wait_for_reply && alternating_ &&
+                    params_.ack_delay > Duration::zero() && responses_.size() == 1;
+  if (hold) {
+    // Requests keep counting towards kAckCoalesceBound until an ACK really leaves.
+    if (!ack_hold_until_) ack_hold_until_ = now_ + params_.ack_delay;
     return;
   }
-  responses_.push_back(Response{.kind = Response::Kind::ack, .psn = psn, .msn = msn_});
+  ack_hold_until_.reset();
+  unacked_requests_ = 0;
+}
+
+bool RcQueuePair::ack_held() const {
+  return ack_hold_until_ && responses_.size() == 1 && responses_.front().kind == Response::Kind::ack;
 }
 
 // §2.7: an RNR NAK with our timer; the packet is dropped and ePSN stays, so that its resend

@@ -12,12 +12,28 @@ namespace peercm::core::roce {
 namespace w = wire::roce;
 
 // Responses go first: they are small, and a requester waiting on them holds its window.
+// A held ACK (queue_ack) goes right behind our next request instead.
 bool RcQueuePair::next_packet(TxPlan& plan) {
+  if (ack_hold_until_ && !ack_held()) ack_hold_until_.reset();  // more responses queued behind it
+  if (ack_hold_until_) {
+    if (next_request(plan)) {
+      ack_hold_until_.reset();
+      return true;
+    }
+    if (now_ < *ack_hold_until_) return false;
+    // No reply in time: the peer waits for this ACK. Hold no more until the traffic
+    // alternates again.
+    ack_hold_until_.reset();
+    alternating_ = false;
+  }
   if (next_response(plan)) return true;
   return next_request(plan);
 }
 
-bool RcQueuePair::has_datagram() const { return !responses_.empty() || requester_ready(); }
+bool RcQueuePair::has_datagram() const {
+  const bool held = ack_held() && now_ < *ack_hold_until_;
+  return (!responses_.empty() && !held) || requester_ready();
+}
 
 std::size_t RcQueuePair::max_datagram_size() const {
   return w::kMaxHeadersSize + pmtu_ + 3 + w::kIcrcSize;

@@ -87,6 +87,8 @@ std::string run_seed(std::uint64_t seed) {
     p->max_rd_atomic = static_cast<std::uint8_t>(pick(1, 4));
     p->local_ack_timeout = static_cast<std::uint8_t>(pick(8, 11));
     p->min_rnr_timer = rnr_codes[pick(0, 3)];
+    // Half the runs hold ACKs for replies (RcConnectParams::ack_delay).
+    p->ack_delay = chance(0.5) ? std::chrono::microseconds(pick(1, 100)) : Duration::zero();
   }
   params.a.max_dest_rd_atomic = params.b.max_rd_atomic;
   params.b.max_dest_rd_atomic = params.a.max_rd_atomic;
