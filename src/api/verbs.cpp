@@ -138,6 +138,7 @@ QueuePair::~QueuePair() {
   if (impl_->srq) {
     // A connection may still carry the engine: it must not take the SRQ's WRs any more.
     impl_->engine.detach_srq();
+    if (impl_->roce) impl_->roce->rc.detach_srq();
     --impl_->srq->qps;
     impl_->srq.reset();
   }

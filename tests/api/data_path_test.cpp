@@ -139,10 +139,6 @@ Options options_for(Transport transport) {
   return options;
 }
 
-std::string transport_name(const testing::TestParamInfo<Transport>& info) {
-  return std::string(to_string(info.param));
-}
-
 class DataPathOrdering : public testing::TestWithParam<Transport> {};
 class DataPathFeatures : public testing::TestWithParam<Transport> {};
 class DataPathErrors : public testing::TestWithParam<Transport> {};

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "peercm/cm.hpp"
@@ -90,6 +91,11 @@ struct Side {
     return std::move(MemoryRegion::register_memory(*pd, buffer.data(), buffer.size(), access).value());
   }
 };
+
+// Test-name suffix of a suite parameterized on the transport.
+inline std::string transport_name(const testing::TestParamInfo<Transport>& info) {
+  return std::string(to_string(info.param));
+}
 
 struct Options {
   bool peer_to_peer = false;

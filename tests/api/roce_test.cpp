@@ -280,6 +280,65 @@ TEST(Roce, RequestFromANodeThatListensReachesTheServiceListener) {
   }
 }
 
+// listen() on INADDR_ANY (rdma_server, rping -s without -a): REQs reaching any of the
+// context's addresses, opened before or after, find the listener; a listener on one address
+// with the same port is EADDRINUSE; once it goes, the service is refused again.
+TEST(Roce, ListenerOnAnyAddressTakesRequestsAtEveryAddress) {
+  Side server;
+  auto any = roce_id(server);
+  ASSERT_TRUE(any->bind(sockaddr_in{.sin_family = AF_INET}));
+  ASSERT_TRUE(any->listen(16));
+  const sockaddr_in bound = any->local_address();
+  EXPECT_EQ(bound.sin_addr.s_addr, htonl(INADDR_ANY));
+  ASSERT_NE(bound.sin_port, 0);
+  // Another listener of this node, on an address of its own: a port opened after the
+  // INADDR_ANY listener.
+  sockaddr_in address = random_loopback(7491);
+  if (address.sin_port == bound.sin_port) address.sin_port = htons(7492);
+  auto specific = roce_id(server);
+  ASSERT_TRUE(specific->bind(address));
+  ASSERT_TRUE(specific->listen(16));
+  auto clash = roce_id(server);
+  ASSERT_TRUE(clash->bind(sockaddr_in{.sin_family = AF_INET, .sin_port = bound.sin_port, .sin_addr = address.sin_addr}));
+  EXPECT_EQ(clash->listen(16).error(), std::errc::address_in_use);
+
+  address.sin_port = bound.sin_port;
+  auto connect_client = [&](Side& client) {
+    client.id = roce_id(client);
+    EXPECT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
+    EXPECT_TRUE(client.id->resolve_addr(address));
+    expect_event(*client.channel, CmEventType::addr_resolved);
+    EXPECT_TRUE(client.id->resolve_route());
+    expect_event(*client.channel, CmEventType::route_resolved);
+    client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+    EXPECT_TRUE(client.id->connect({}));
+  };
+  Side client;
+  connect_client(client);
+  auto request = expect_event(*server.channel, CmEventType::connect_request);
+  EXPECT_EQ(request.listen_id, any.get());
+  ASSERT_TRUE(request.new_id);
+  server.id = std::move(request.new_id);
+  EXPECT_EQ(server.id->local_address().sin_addr.s_addr, address.sin_addr.s_addr);
+  server.qp = server.id->create_qp(*server.pd, server.qp_attr()).value();
+  ASSERT_TRUE(server.id->accept({}));
+  expect_event(*client.channel, CmEventType::established);
+  expect_event(*server.channel, CmEventType::established);
+
+  std::vector<std::uint8_t> message(64, 0x5A), sink(64, 0);
+  auto message_mr = client.region(message);
+  auto sink_mr = server.region(sink);
+  ASSERT_TRUE(server.qp->post_recv(RecvWr{.wr_id = 1, .sg_list = {sink_mr->sge()}}));
+  ASSERT_TRUE(client.qp->post_send(SendWr{.wr_id = 2, .opcode = WrOpcode::send, .sg_list = {message_mr->sge()}}));
+  ASSERT_EQ(poll_n(*server.cq, 1).size(), 1u);
+  EXPECT_EQ(sink, message);
+
+  any.reset();
+  Side late;
+  connect_client(late);
+  EXPECT_EQ(expect_event(*late.channel, CmEventType::rejected).reject_reason, RejectReason::refused);
+}
+
 TEST(Roce, NobodyAtTheAddressIsUnreachable) {
   // Short CM timers: 4.096 us * 2^14 = 67 ms per try, two retries.
   ContextOptions options;

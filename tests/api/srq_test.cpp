@@ -24,13 +24,15 @@ struct Link {
 // buffers of kSlot bytes for it. `crc`: the CmOption::crc of both ends; required by
 // default, so that a one-segment Send takes its WR and completes in one step.
 struct SrqServer {
-  explicit SrqServer(std::int64_t crc_policy = 0, std::size_t slot_count = 128)
-      : crc(crc_policy), slots(slot_count * kSlot, 0) {
-    listener = std::move(CmId::create(*server.context, *server.channel).value());
+  explicit SrqServer(std::int64_t crc_policy = 0, std::size_t slot_count = 128,
+                     Transport transport_kind = Transport::iwarp)
+      : crc(crc_policy), transport(transport_kind), slots(slot_count * kSlot, 0) {
+    listener = std::move(CmId::create(*server.context, *server.channel, nullptr, transport).value());
     EXPECT_TRUE(listener->set_option(CmOption::crc, crc));
-    EXPECT_TRUE(listener->bind(loopback(0)));
+    EXPECT_TRUE(listener->bind(transport == Transport::roce ? random_loopback(0) : loopback(0)));
     EXPECT_TRUE(listener->listen(16));
-    port = ntohs(listener->local_address().sin_port);
+    address = listener->local_address();
+    port = ntohs(address.sin_port);
     srq = std::move(SharedReceiveQueue::create(*server.pd, SrqAttr{.max_wr = 256, .max_sge = 2}).value());
     slots_mr = server.region(slots);
   }
@@ -60,10 +62,10 @@ struct SrqServer {
   std::unique_ptr<Link> connect_client() {
     auto link = std::make_unique<Link>();
     Side& c = link->client;
-    c.id = std::move(CmId::create(*c.context, *c.channel).value());
+    c.id = std::move(CmId::create(*c.context, *c.channel, nullptr, transport).value());
     EXPECT_TRUE(c.id->set_option(CmOption::peer_to_peer, 0));
     EXPECT_TRUE(c.id->set_option(CmOption::crc, crc));
-    EXPECT_TRUE(c.id->resolve_addr(loopback(port)));
+    EXPECT_TRUE(c.id->resolve_addr(address));
     expect_event(*c.channel, CmEventType::addr_resolved);
     EXPECT_TRUE(c.id->resolve_route());
     expect_event(*c.channel, CmEventType::route_resolved);
@@ -75,8 +77,10 @@ struct SrqServer {
   }
 
   std::int64_t crc;
+  Transport transport;
   Side server;
   std::unique_ptr<CmId> listener;
+  sockaddr_in address{};
   std::uint16_t port = 0;
   std::unique_ptr<SharedReceiveQueue> srq;
   std::vector<std::uint8_t> slots;
@@ -124,8 +128,12 @@ bool wait_until(const std::function<bool()>& condition, std::chrono::millisecond
   return true;
 }
 
-TEST(SharedReceiveQueue, ReceivesAreTakenInPostingOrderAcrossQueuePairs) {
-  SrqServer s;
+// The tests that run on both transports: RoCE's RC responder takes an SRQ's receives the
+// same way (rc_queue_pair.hpp).
+class SharedReceiveQueueOn : public ::testing::TestWithParam<Transport> {};
+
+TEST_P(SharedReceiveQueueOn, ReceivesAreTakenInPostingOrderAcrossQueuePairs) {
+  SrqServer s(0, 128, GetParam());
   auto a = s.connect_client();
   auto b = s.connect_client();
   ASSERT_NE(a->server_qp->qp_num(), b->server_qp->qp_num());
@@ -154,9 +162,9 @@ TEST(SharedReceiveQueue, ReceivesAreTakenInPostingOrderAcrossQueuePairs) {
 
 // Both clients stream at once: every Send still takes the oldest WR at its arrival, so each
 // client's messages sit in its slots in its own order and the CQ names the right QP.
-TEST(SharedReceiveQueue, ConcurrentSendersShareOneQueueInArrivalOrder) {
+TEST_P(SharedReceiveQueueOn, ConcurrentSendersShareOneQueueInArrivalOrder) {
   constexpr std::size_t kPerClient = 48;
-  SrqServer s;
+  SrqServer s(0, 128, GetParam());
   auto a = s.connect_client();
   auto b = s.connect_client();
   for (std::size_t i = 0; i < 2 * kPerClient; ++i) ASSERT_TRUE(s.post(i, i));
@@ -199,10 +207,10 @@ TEST(SharedReceiveQueue, ConcurrentSendersShareOneQueueInArrivalOrder) {
 // CRC off, so segments are checked at their headers and placed straight from the socket:
 // messages of many segments from two QPs interleave at the SRQ, and each one keeps the WR
 // its first segment took.
-TEST(SharedReceiveQueue, MultiSegmentMessagesKeepTheReceiveTheyTook) {
+TEST_P(SharedReceiveQueueOn, MultiSegmentMessagesKeepTheReceiveTheyTook) {
   constexpr std::size_t kSize = 256 * 1024;
   constexpr std::size_t kEach = 4;
-  SrqServer s(2);
+  SrqServer s(2, 128, GetParam());
   auto a = s.connect_client();
   auto b = s.connect_client();
   std::vector<std::uint8_t> sink(2 * kEach * kSize, 0);
@@ -254,8 +262,8 @@ TEST(SharedReceiveQueue, MultiSegmentMessagesKeepTheReceiveTheyTook) {
   EXPECT_EQ(next[1], kEach);
 }
 
-TEST(SharedReceiveQueue, QueuePairWithAnSrqRejectsItsOwnPostRecv) {
-  SrqServer s;
+TEST_P(SharedReceiveQueueOn, QueuePairWithAnSrqRejectsItsOwnPostRecv) {
+  SrqServer s(0, 128, GetParam());
   auto a = s.connect_client();
   std::vector<std::uint8_t> buffer(16);
   auto mr = s.server.region(buffer);
@@ -267,6 +275,53 @@ TEST(SharedReceiveQueue, QueuePairWithAnSrqRejectsItsOwnPostRecv) {
   QpInitAttr foreign = other.qp_attr();
   foreign.srq = s.srq.get();
   EXPECT_EQ(QueuePair::create(*other.pd, foreign).error(), std::errc::invalid_argument);
+}
+
+// RoCE (IBTA 9.7.5.2.8): a Send finding the SRQ empty is RNR NAKed and retried (rnr_retry
+// 7: forever) until a receive is posted; nothing fails, and the other QP is not held up.
+TEST(SharedReceiveQueue, RoceSendFindingTheQueueEmptyWaitsForAReceive) {
+  SrqServer s(0, 128, Transport::roce);
+  auto a = s.connect_client();
+  auto b = s.connect_client();
+  std::vector<std::uint8_t> payload(24, 0x77);
+  auto mr = a->client.region(payload);
+  ASSERT_TRUE(a->client.qp->post_send(SendWr{.wr_id = 1, .opcode = WrOpcode::send, .sg_list = {mr->sge()}}));
+  EXPECT_TRUE(poll_n(*a->client.cq, 1, 100ms).empty()) << "the Send waits, it does not fail";
+  EXPECT_TRUE(poll_n(*s.server.cq, 1, 50ms).empty());
+  ASSERT_TRUE(s.post(500, 3));
+  auto got = poll_n(*s.server.cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 500u);
+  EXPECT_EQ(got[0].status, WcStatus::success);
+  EXPECT_EQ(got[0].qp_num, a->server_qp->qp_num());
+  EXPECT_EQ(got[0].byte_len, 24u);
+  EXPECT_TRUE(std::all_of(s.slot(3).begin(), s.slot(3).begin() + 24, [](std::uint8_t x) { return x == 0x77; }));
+  auto sent = poll_n(*a->client.cq, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::success);
+  // The other connection is unaffected.
+  ASSERT_TRUE(s.post(501, 4));
+  send_message(b->client, 0x33);
+  got = poll_n(*s.server.cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 501u);
+  EXPECT_EQ(got[0].qp_num, b->server_qp->qp_num());
+}
+
+// RoCE: a QP leaving (its id destroyed) takes no more receives from the SRQ.
+TEST(SharedReceiveQueue, RoceQueuePairGoneTakesNoMoreReceives) {
+  SrqServer s(0, 128, Transport::roce);
+  auto a = s.connect_client();
+  auto b = s.connect_client();
+  ASSERT_TRUE(s.post(1, 0));
+  a->server_id.reset();  // its QP goes with it
+  send_message(b->client, 0x21);
+  auto got = poll_n(*s.server.cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 1u);
+  EXPECT_EQ(got[0].qp_num, b->server_qp->qp_num());
+  EXPECT_EQ(s.srq->posted(), 0u);
+  EXPECT_EQ(SharedReceiveQueue::destroy(s.srq).error(), std::errc::device_or_resource_busy) << "b's QP uses it";
 }
 
 TEST(SharedReceiveQueue, PostingChecksAndAttributes) {
@@ -390,6 +445,9 @@ TEST(SharedReceiveQueue, SendFindingTheQueueEmptyIsASendWithoutAPostedReceive) {
   EXPECT_EQ(got[0].status, WcStatus::success);
   EXPECT_EQ(got[0].qp_num, b->server_qp->qp_num());
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, SharedReceiveQueueOn, ::testing::Values(Transport::iwarp, Transport::roce),
+                         transport_name);
 
 }  // namespace
 }  // namespace peercm::test

@@ -4,7 +4,7 @@
 #   rping -v -V -C 100 (Send, RDMA Read, RDMA Write; data validated), the same with -q (a QP
 #   made with ibv_create_qp: CONNECT_RESPONSE, rdma_init_qp_attr, rdma_establish), plain rping
 #   again over RoCEv2 (PEERCM_TRANSPORT=roce), and rdma_server with rdma_client (the
-#   synchronous API).
+#   synchronous API; a server listening on INADDR_ANY) over both transports.
 # usage: run_rdma_core_examples.sh REF_DIR INCLUDE_DIR LIB_DIR OUT_DIR [SANITIZERS]
 set -euo pipefail
 ref=$1 include=$2 lib=$3 out=$4 sanitize=${5:-}
@@ -42,15 +42,21 @@ rping_pair -q -v -V -C 100
 PEERCM_TRANSPORT=roce RPING_ADDRESS=127.$((RANDOM % 250 + 1)).$((RANDOM % 250)).$((RANDOM % 250 + 1)) \
   rping_pair -v -V -C 100
 
-port=$(free_port)
-timeout 60 "$out/rdma_server" -p "$port" > "$out/rdma_server.out" &
-server=$!
-sleep 0.5
-timeout 60 "$out/rdma_client" -s 127.0.0.1 -p "$port" | tee "$out/rdma_client.out"
-wait "$server"
-cat "$out/rdma_server.out"
-grep -q "rdma_client: end 0" "$out/rdma_client.out"
-grep -q "rdma_server: end 0" "$out/rdma_server.out"
+# rdma_server listens on INADDR_ANY; over RoCE that opens a node on each interface address.
+rdma_server_pair() {
+  local port; port=$(free_port)
+  timeout 60 "$out/rdma_server" -p "$port" > "$out/rdma_server.out" &
+  local server=$!
+  sleep 0.5
+  timeout 60 "$out/rdma_client" -s 127.0.0.1 -p "$port" | tee "$out/rdma_client.out"
+  wait "$server"
+  cat "$out/rdma_server.out"
+  grep -q "rdma_client: end 0" "$out/rdma_client.out"
+  grep -q "rdma_server: end 0" "$out/rdma_server.out"
+  echo "rdma_server/rdma_client ${PEERCM_TRANSPORT:-iwarp}: both ended 0"
+}
+rdma_server_pair
+PEERCM_TRANSPORT=roce rdma_server_pair
 
 # Struct layouts and constants against rdma-core's own headers, when those are there too.
 if [[ -f $ref/layout/check.c && -d $ref/sys/usr/include ]]; then

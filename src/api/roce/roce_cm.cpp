@@ -128,16 +128,25 @@ RoceDevice& device_of(ContextImpl& ctx) {
 }
 
 Status<std::errc> listen(CmIdImpl& id) {
-  if (!id.bound_address || id.bound_address->sin_addr.s_addr == htonl(INADDR_ANY))
-    return fail(std::errc::address_not_available);  // a RoCE node is one address
   RoceDevice& device = device_of(*id.ctx);
-  const Ipv4 address = ntohl(id.bound_address->sin_addr.s_addr);
-  auto port = device.port(address);
-  if (!port) return fail(port.error());
-  std::uint16_t service = ntohs(id.bound_address->sin_port);
+  // Unbound: INADDR_ANY and a free port, as over iWARP.
+  const sockaddr_in bound = id.bound_address.value_or(sockaddr_in{.sin_family = AF_INET});
+  const Ipv4 address = ntohl(bound.sin_addr.s_addr);
+  // INADDR_ANY: the REQs that reach any of our addresses, those of the host's interfaces
+  // included (docs/roce-transport.md).
+  std::vector<RocePort*> ports;
+  if (address == RoceDevice::kAnyAddress) {
+    if (auto opened = device.open_every_interface_port(); !opened) return fail(opened.error());
+    ports = device.all_ports();
+  } else {
+    auto port = device.port(address);
+    if (!port) return fail(port.error());
+    ports.push_back(*port);
+  }
+  std::uint16_t service = ntohs(bound.sin_port);
   if (service == 0) service = device.ephemeral_service_port(address);
-  if (service == 0 || device.find_listener(address, service)) return fail(std::errc::address_in_use);
-  (*port)->agent.listen(service);
+  if (service == 0 || device.service_taken(address, service)) return fail(std::errc::address_in_use);
+  for (RocePort* port : ports) port->agent.listen(service);
   device.track_listener(address, service, id.shared_from_this());
   if (device.p2p_listen_port == 0) device.p2p_listen_port = service;
   id.roce_address = address;
@@ -173,10 +182,14 @@ void resolve_addr(CmIdImpl& id, const sockaddr_in& destination) {
 
 Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& qp) {
   // The QP's packets leave from the id's address: known once it is resolved or requested.
-  if (id.roce_address == 0 || qp->srq || qp->roce) return fail(std::errc::invalid_argument);
+  if (id.roce_address == 0 || qp->roce) return fail(std::errc::invalid_argument);
   if (qp->engine.state() != QpState::reset && qp->engine.state() != QpState::init)
     return fail(std::errc::invalid_argument);
-  auto roce = RoceQp::open(core::roce::RcQpConfig{.pd = qp->pd, .caps = qp->caps, .signal_all = qp->signal_all},
+  const core::roce::RcQpConfig config{.pd = qp->pd,
+                                      .caps = qp->caps,
+                                      .signal_all = qp->signal_all,
+                                      .srq = qp->srq ? &qp->srq->queue : nullptr};
+  auto roce = RoceQp::open(config,
                            id.ctx->memory, *qp->send_cq, *qp->recv_cq, qp->qp_num, id.roce_address);
   if (!roce) return fail(roce.error());
   qp->roce = std::move(*roce);
@@ -186,7 +199,6 @@ Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& 
 }
 
 Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::uint32_t pd, const QpInitAttr& attr) {
-  if (attr.srq) return fail(std::errc::invalid_argument);
   auto impl = std::make_shared<QueuePairImpl>(id.ctx, pd, attr);
   if (auto attached = attach_qp(id, impl); !attached) return fail(attached.error());
   return impl;
@@ -317,11 +329,14 @@ void release(CmIdImpl& id) {
     qp_to_error(id);
     device.pump();
   }
+  if (id.state == CmIdImpl::State::listening) {
+    device.forget_listener(id.roce_address, id.roce_listen_port);
+    for (RocePort* port : device.all_ports())
+      if ((id.roce_address == RoceDevice::kAnyAddress || port->address == id.roce_address) &&
+          !device.service_taken(port->address, id.roce_listen_port))
+        port->agent.stop_listening(id.roce_listen_port);
+  }
   if (RocePort* port = port_of(id)) {
-    if (id.state == CmIdImpl::State::listening) {
-      port->agent.stop_listening(id.roce_listen_port);
-      device.forget_listener(id.roce_address, id.roce_listen_port);
-    }
     // rdma_destroy_id: a request is rejected, an attempt abandoned (REJ), a connection
     // disconnected; the agent finishes the exchange alone.
     if (id.roce_id != 0) port->agent.destroy(id.roce_id, now());

@@ -1,6 +1,8 @@
 #include "api/roce/roce_device.hpp"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/udp.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -127,8 +129,32 @@ Result<RocePort*, std::errc> RoceDevice::port(Ipv4 address) {
     ::close(fd);
     return fail(added.error());
   }
+  // Listeners on every address take this one's REQs too.
+  for (const auto& [key, listener] : listeners_)
+    if (key.first == kAnyAddress && !listener.expired()) raw->agent.listen(key.second);
   ports_.emplace(address, std::move(owned));
   return raw;
+}
+
+Status<std::errc> RoceDevice::open_every_interface_port() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return fail(static_cast<std::errc>(errno));
+  std::errc last_error = std::errc::address_not_available;
+  for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET || !(entry->ifa_flags & IFF_UP)) continue;
+    sockaddr_in address{};
+    std::memcpy(&address, entry->ifa_addr, sizeof address);
+    if (auto opened = port(ntohl(address.sin_addr.s_addr)); !opened) last_error = opened.error();
+  }
+  ::freeifaddrs(list);
+  if (ports_.empty()) return fail(last_error);
+  return {};
+}
+
+std::vector<RocePort*> RoceDevice::all_ports() {
+  std::vector<RocePort*> out;
+  for (auto& [address, port] : ports_) out.push_back(port.get());
+  return out;
 }
 
 Result<Ipv4, std::errc> RoceDevice::source_for(Ipv4 destination) {
@@ -185,9 +211,12 @@ void RoceDevice::track_listener(Ipv4 address, std::uint16_t service, const std::
 void RoceDevice::forget_listener(Ipv4 address, std::uint16_t service) { listeners_.erase({address, service}); }
 
 std::shared_ptr<CmIdImpl> RoceDevice::find_listener(Ipv4 address, std::uint16_t service) {
-  auto found = listeners_.find({address, service});
-  if (found == listeners_.end()) return nullptr;
-  return found->second.lock();
+  for (const Ipv4 key : {address, kAnyAddress}) {
+    auto found = listeners_.find({key, service});
+    if (found == listeners_.end()) continue;
+    if (auto listener = found->second.lock()) return listener;
+  }
+  return nullptr;
 }
 
 std::shared_ptr<CmIdImpl> RoceDevice::find_p2p_request(Ipv4 local, Ipv4 peer, std::uint32_t tag) {
@@ -205,9 +234,16 @@ std::uint16_t RoceDevice::ephemeral_service_port(Ipv4 address) {
   for (int attempt = 0; attempt < 16384; ++attempt) {
     const std::uint16_t candidate = next_service_port_;
     next_service_port_ = next_service_port_ >= 65535 ? 49152 : static_cast<std::uint16_t>(next_service_port_ + 1);
-    if (!listeners_.contains({address, candidate})) return candidate;
+    if (!service_taken(address, candidate)) return candidate;
   }
   return 0;
+}
+
+bool RoceDevice::service_taken(Ipv4 address, std::uint16_t service) {
+  if (address != kAnyAddress) return find_listener(address, service) != nullptr;
+  for (const auto& [key, listener] : listeners_)
+    if (key.second == service && !listener.expired()) return true;
+  return false;
 }
 
 void RoceDevice::add_stats(CmStats& stats) const {

@@ -76,12 +76,21 @@ class RoceDevice {
   std::shared_ptr<CmIdImpl> find_id(Ipv4 address, core::ibcm::IbCmId id);
   void track_listener(Ipv4 address, std::uint16_t port, const std::shared_ptr<CmIdImpl>& listener);
   void forget_listener(Ipv4 address, std::uint16_t port);
+  // The listener of `port` on `address`, else one listening on every address (kAnyAddress).
   std::shared_ptr<CmIdImpl> find_listener(Ipv4 address, std::uint16_t port);
+  // A listener on INADDR_ANY: every port of the context, open now or later, takes its REQs.
+  static constexpr Ipv4 kAnyAddress = 0;
+  // listen() on INADDR_ANY opens a port on each IPv4 address of the host's interfaces that is
+  // up; those another node holds are left to it. EADDRINUSE when none could be opened.
+  Status<std::errc> open_every_interface_port();
   // A p2p request from `peer` with `tag` on our address `local`, delivered as a
   // CONNECT_REQUEST the application may not have fetched yet.
   std::shared_ptr<CmIdImpl> find_p2p_request(Ipv4 local, Ipv4 peer, std::uint32_t tag);
   // A free service port for a listener bound to port 0.
   std::uint16_t ephemeral_service_port(Ipv4 address);
+  // Someone listens on `service` at `address` (kAnyAddress: at any address).
+  bool service_taken(Ipv4 address, std::uint16_t service);
+  std::vector<RocePort*> all_ports();
 
   // Sends everything queued, delivers events, re-arms the timer: after every input.
   void pump();

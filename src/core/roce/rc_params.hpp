@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 
+#include "core/receive_queue.hpp"
 #include "core/time.hpp"
 #include "peercm/verbs_types.hpp"
 #include "wire/roce/icrc.hpp"
@@ -16,6 +17,9 @@ struct RcQpConfig {
   std::uint32_t pd = 0;
   QpCaps caps;
   bool signal_all = true;  // sq_sig_all
+  // A shared receive queue: Sends and Writes with Immediate take their receives from it, in
+  // posting order, and post_recv() is EINVAL. It outlives the QP, or detach_srq() comes first.
+  ReceiveQueue* srq = nullptr;
 };
 
 // Everything both ends agreed on through the CM (REQ/REP). Values keep their wire widths.

@@ -30,7 +30,11 @@ std::string_view to_string(RcErrorCause cause) {
 
 RcQueuePair::RcQueuePair(const RcQpConfig& config, MemoryTable& memory, CompletionSink& send_cq,
                          CompletionSink& recv_cq)
-    : config_(config), memory_(memory), send_cq_(send_cq), recv_cq_(recv_cq) {}
+    : config_(config),
+      memory_(memory),
+      send_cq_(send_cq),
+      recv_cq_(recv_cq),
+      receive_source_(config.srq ? config.srq : &rq_) {}
 
 // ---------------------------------------------------------------- verbs
 
@@ -80,7 +84,11 @@ Status<std::errc> RcQueuePair::post_send(const SendWr& wr) {
   return {};
 }
 
+// The QP's own queue stays empty while it has an SRQ (post_recv refuses).
+void RcQueuePair::detach_srq() { receive_source_ = &rq_; }
+
 Status<std::errc> RcQueuePair::post_recv(const RecvWr& wr) {
+  if (config_.srq) return fail(std::errc::invalid_argument);
   if (wr.sg_list.size() > config_.caps.max_recv_sge) return fail(std::errc::invalid_argument);
   if (state_ == QpState::error) {
     push_recv_completion(WorkCompletion{.wr_id = wr.wr_id,

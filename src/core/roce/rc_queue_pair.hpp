@@ -39,6 +39,8 @@ class RcQueuePair {
   // posted before connect() waits for it.
   Status<std::errc> post_send(const SendWr& wr);
   Status<std::errc> post_recv(const RecvWr& wr);
+  // The SRQ goes before the QP: from now on no message takes a receive (they are RNR NAKed).
+  void detach_srq();
 
   // --- connection and time ---
   // RTR and RTS at once. EINVAL when a parameter does not fit its wire width or the PMTU
@@ -203,6 +205,7 @@ class RcQueuePair {
 
   // responder
   ReceiveQueue rq_;
+  ReceiveQueue* receive_source_;  // &rq_, or the SRQ's queue
   std::optional<PostedRecv> recv_taken_;
   enum class RxMessage : std::uint8_t { none, send, write } rx_message_ = RxMessage::none;
   std::uint64_t rx_offset_ = 0;

@@ -133,11 +133,11 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
 
   if (shape.family == Family::send) {
     if (shape.starts) {
-      if (rq_.empty()) {
+      if (receive_source_->empty()) {
         queue_rnr_nak(psn);  // §2.7: no receive WQE
         return;
       }
-      recv_taken_ = rq_.take();
+      recv_taken_ = receive_source_->take();
       rx_message_ = RxMessage::send;
       rx_offset_ = 0;
       if (recv_taken_->error) {
@@ -188,7 +188,7 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
     // §2.3, §2.7: a WRITE with Immediate consumes a receive WQE on its LAST/ONLY packet;
     // without one it is RNR NAKed like a SEND (checked first, as rxe does), the packet
     // dropped and ePSN kept, so that its resend finds the message where it was.
-    if (shape.immediate && rq_.empty()) {
+    if (shape.immediate && receive_source_->empty()) {
       queue_rnr_nak(psn);
       return;
     }
@@ -220,7 +220,7 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
       if (shape.immediate) {
         // The receive gives only its wr_id: the data went where the WRITE put it, so its
         // SGEs are neither used nor checked (as rxe), and byte_len is the WRITE's length.
-        const PostedRecv posted = rq_.take();
+        const PostedRecv posted = receive_source_->take();
         WorkCompletion wc{.wr_id = posted.wr.wr_id,
                           .status = WcStatus::success,
                           .opcode = WcOpcode::recv_rdma_with_imm,
