@@ -106,6 +106,8 @@ void Connection::register_io() {
     if (auto self = weak.lock()) self->on_io(events);
   });
   registered_ = ok.has_value();
+  // A busy-polling application reads its connection's data without asking epoll first.
+  if (registered_) ctx_->reactor.poll_directly(fd_, true);
 }
 
 void Connection::update_interest() {

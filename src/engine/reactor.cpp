@@ -129,6 +129,7 @@ Status<std::errc> Reactor::add(int fd, std::uint32_t epoll_events, IoCallback ca
   if (const auto old = id_by_fd_.find(fd); old != id_by_fd_.end()) {
     // The kernel accepted the fd, so the registration we still hold for this number is
     // stale: its fd was closed without remove(). Its queued events die with its id.
+    forget_direct(old->second);
     registrations_.erase(old->second);
     id_by_fd_.erase(old);
   }
@@ -158,8 +159,29 @@ void Reactor::remove(int fd) {
   // guarantees no further dispatch, so the result does not matter.
   (void)::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   // A callback being dispatched keeps its Registration alive through its own shared_ptr.
+  forget_direct(it->second);
   registrations_.erase(it->second);
   id_by_fd_.erase(it);
+}
+
+void Reactor::poll_directly(int fd, bool on) {
+  const auto it = id_by_fd_.find(fd);
+  if (it == id_by_fd_.end()) return;
+  forget_direct(it->second);
+  if (on) direct_ids_.push_back(it->second);
+}
+
+void Reactor::forget_direct(std::uint64_t id) { std::erase(direct_ids_, id); }
+
+void Reactor::run_direct_pass() {
+  // Callbacks may remove registrations (their own included): take them first.
+  direct_scratch_ = direct_ids_;
+  for (const std::uint64_t id : direct_scratch_) {
+    const auto it = registrations_.find(id);
+    if (it == registrations_.end()) continue;  // removed by an earlier callback
+    const std::shared_ptr<Registration> registration = it->second;
+    registration->callback(EPOLLIN);
+  }
 }
 
 Reactor::TimerId Reactor::add_timer(Clock::time_point deadline, TimerCallback callback) {
@@ -183,6 +205,13 @@ void Reactor::cancel_timer(TimerId id) {
 void Reactor::run_once(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait) {
   assert(lock.owns_lock() && lock.mutex() == &owner_);
   const CurrentReactorScope scope(this);
+
+  if (max_wait.count() <= 0 && !direct_ids_.empty() && direct_ids_.size() <= kMaxDirectFds &&
+      ++poller_passes_ % kEpollEvery != 0) {
+    run_direct_pass();
+    dispatch_timers(Clock::now());
+    return;
+  }
 
   const Clock::time_point before = Clock::now();
   const std::chrono::nanoseconds timeout =

@@ -363,8 +363,9 @@ TEST_F(ReactorTest, TimersFireInDeadlineOrderFifoOnTiesAndNeverEarly) {
   }
 }
 
-TEST_F(ReactorTest, SubMillisecondRemainderRoundsTheWaitUpSoOneRoundFires) {
-  // Rounding 0.3 ms down to a 0 ms poll would return before the deadline.
+TEST_F(ReactorTest, SubMillisecondDeadlinesFireInOneRoundNeverEarly) {
+  // The wait ends at the deadline to the nanosecond (epoll_pwait2), or rounded up to a whole
+  // ms where the kernel lacks it: either way one round fires the timer, never early.
   for (auto offset : {100us, 300us, 999us, 1001us, 1700us}) {
     const auto deadline = Clock::now() + offset;
     Clock::time_point at{};
@@ -381,6 +382,88 @@ TEST_F(ReactorTest, SubMillisecondRemainderRoundsTheWaitUpSoOneRoundFires) {
       EXPECT_TRUE(run_until([&] { return fired; }));
     }
   }
+}
+
+// --- poll_directly ------------------------------------------------------------------------
+
+TEST_F(ReactorTest, PollerPassesCallADirectFdWithoutAskingEpoll) {
+  Pipe p;
+  int calls = 0;
+  int bytes = 0;
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t ev) {
+    ++calls;
+    EXPECT_TRUE(ev & kIn);
+    char buf[8];
+    while (::read(p.r, buf, sizeof buf) > 0) ++bytes;
+  }));
+  reactor.poll_directly(p.r, true);
+  // Nothing to read: the direct passes call it anyway (the callback finds EAGAIN); the
+  // epoll pass among them does not.
+  for (unsigned i = 0; i < Reactor::kEpollEvery; ++i) reactor.run_once(lock, 0ms);
+  EXPECT_EQ(calls, static_cast<int>(Reactor::kEpollEvery) - 1);
+  p.put();
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(bytes, 1);
+  reactor.poll_directly(p.r, false);
+  calls = 0;
+  for (unsigned i = 0; i < 2 * Reactor::kEpollEvery; ++i) reactor.run_once(lock, 0ms);
+  EXPECT_EQ(calls, 0) << "unmarked: only readiness calls it";
+  reactor.remove(p.r);
+}
+
+TEST_F(ReactorTest, OtherFdsAndTimersStillRunDuringDirectPasses) {
+  Pipe direct, other;
+  ASSERT_TRUE(reactor.add(direct.r, kIn, [&](std::uint32_t) { direct.drain(); }));
+  reactor.poll_directly(direct.r, true);
+  int other_calls = 0;
+  ASSERT_TRUE(reactor.add(other.r, kIn, [&](std::uint32_t) {
+    ++other_calls;
+    other.drain();
+  }));
+  bool fired = false;
+  reactor.add_timer(Clock::now(), [&] { fired = true; });
+  other.put();
+  for (unsigned i = 0; i < Reactor::kEpollEvery; ++i) reactor.run_once(lock, 0ms);
+  EXPECT_EQ(other_calls, 1) << "one pass in kEpollEvery asks epoll";
+  EXPECT_TRUE(fired);
+  reactor.remove(direct.r);
+  reactor.remove(other.r);
+}
+
+TEST_F(ReactorTest, TooManyDirectFdsFallBackToEpoll) {
+  std::vector<std::unique_ptr<Pipe>> pipes;
+  int calls = 0;
+  for (std::size_t i = 0; i <= Reactor::kMaxDirectFds; ++i) {
+    pipes.push_back(std::make_unique<Pipe>());
+    ASSERT_TRUE(reactor.add(pipes.back()->r, kIn, [&](std::uint32_t) { ++calls; }));
+    reactor.poll_directly(pipes.back()->r, true);
+  }
+  for (unsigned i = 0; i < Reactor::kEpollEvery; ++i) reactor.run_once(lock, 0ms);
+  EXPECT_EQ(calls, 0) << "more than kMaxDirectFds: every pass asks epoll, nothing is ready";
+  for (const auto& pipe : pipes) reactor.remove(pipe->r);
+}
+
+TEST_F(ReactorTest, DirectCallbackMayRemoveTheOtherDirectFd) {
+  Pipe a, b;
+  int b_calls = 0;
+  ASSERT_TRUE(reactor.add(a.r, kIn, [&](std::uint32_t) { reactor.remove(b.r); }));
+  ASSERT_TRUE(reactor.add(b.r, kIn, [&](std::uint32_t) { ++b_calls; }));
+  reactor.poll_directly(a.r, true);
+  reactor.poll_directly(b.r, true);
+  reactor.run_once(lock, 0ms);  // the first pass is a direct one
+  EXPECT_EQ(b_calls, 0);
+  EXPECT_EQ(reactor.registered_fds(), 1u);
+  reactor.remove(a.r);
+}
+
+TEST_F(ReactorTest, BlockingRoundsNeverCallDirectFdsSpuriously) {
+  Pipe p;
+  int calls = 0;
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) { ++calls; }));
+  reactor.poll_directly(p.r, true);
+  for (int i = 0; i < 3; ++i) reactor.run_once(lock, 1ms);
+  EXPECT_EQ(calls, 0);
+  reactor.remove(p.r);
 }
 
 TEST_F(ReactorTest, MaxWaitBoundsTheSleepWithoutTimers) {

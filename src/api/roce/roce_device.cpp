@@ -129,6 +129,7 @@ Result<RocePort*, std::errc> RoceDevice::port(Ipv4 address) {
     ::close(fd);
     return fail(added.error());
   }
+  ctx.reactor.poll_directly(fd, true);
   // Listeners on every address take this one's REQs too.
   for (const auto& [key, listener] : listeners_)
     if (key.first == kAnyAddress && !listener.expired()) raw->agent.listen(key.second);
@@ -259,6 +260,7 @@ void RoceDevice::add_stats(CmStats& stats) const {
 
 void RoceDevice::on_readable(RocePort& port) {
   // A bounded number of batches per readiness: the other ports and the timer get their turn.
+  bool any = false;
   for (int batch = 0; batch < 8; ++batch) {
     for (std::size_t i = 0; i < kBatch; ++i) {
       message_iovs_[i] = iovec{buffers_.data() + i * kBufferSize, kBufferSize};
@@ -272,6 +274,7 @@ void RoceDevice::on_readable(RocePort& port) {
     }
     const int received = ::recvmmsg(port.fd, messages_.data(), kBatch, MSG_DONTWAIT, nullptr);
     if (received <= 0) break;
+    any = true;
     const core::Time at = now();
     for (std::size_t i = 0; i < static_cast<std::size_t>(received); ++i) {
       const msghdr& header = messages_[i].msg_hdr;
@@ -290,7 +293,8 @@ void RoceDevice::on_readable(RocePort& port) {
     }
     if (static_cast<std::size_t>(received) < kBatch) break;
   }
-  pump();
+  // A poller's direct pass (Reactor::poll_directly) finds nothing most of the time.
+  if (any) pump();
 }
 
 void RoceDevice::on_datagram(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from,
