@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "core/memory_table.hpp"
@@ -83,6 +84,9 @@ class QueuePairEngine {
   // The QP stops drawing from its SRQ (it is being destroyed): a later Send finds no
   // receive. A receive already taken stays with the QP and completes (or flushes) here.
   void detach_srq();
+  // The receives posted before any connection, handed over when the QP runs on another
+  // transport after all (a RoCE id adopting a QueuePair::create QP, rping -q).
+  ReceiveQueue take_posted_receives() { return std::exchange(rq_, ReceiveQueue{}); }
 
   // --- connection inputs ---
   // Full operation starts (state RTS): the RTR, then queued work, go out.

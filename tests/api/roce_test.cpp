@@ -510,6 +510,58 @@ TEST(Roce, AttachedQueuePairCarriesTheConnection) {
   pair.client.id.reset();
 }
 
+// rping -q over RoCE: both ends name a QueuePair::create QP by number in connect/accept;
+// the active side gets CONNECT_RESPONSE and completes with establish(), as over iWARP, and a
+// receive posted before the connection serves its first Send.
+TEST(Roce, QueuePairsNamedByNumberCarryTheConnection) {
+  RocePair pair;
+  pair.client.id = roce_id(pair.client);
+  ASSERT_TRUE(pair.client.id->set_option(CmOption::peer_to_peer, 0));
+  auto client_qp = std::move(QueuePair::create(*pair.client.pd, pair.client.qp_attr()).value());
+  auto server_qp = std::move(QueuePair::create(*pair.server.pd, pair.server.qp_attr()).value());
+  // Posted before the QP has a transport (rping -q does this): it moves to the RC core.
+  std::vector<std::uint8_t> message(5000, 0x3C), sink(5000, 0);
+  auto message_mr = pair.client.region(message);
+  auto sink_mr = pair.server.region(sink);
+  ASSERT_TRUE(server_qp->post_recv(RecvWr{.wr_id = 1, .sg_list = {sink_mr->sge()}}));
+  ASSERT_TRUE(pair.client.id->resolve_addr(pair.address));
+  expect_event(*pair.client.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(pair.client.id->resolve_route());
+  expect_event(*pair.client.channel, CmEventType::route_resolved);
+  EXPECT_EQ(pair.client.id->connect(ConnParam{.qp_num = 0x7FFFFF}).error(), std::errc::invalid_argument)
+      << "no such QP";
+  EXPECT_EQ(pair.client.id->establish().error(), std::errc::invalid_argument) << "nothing to establish yet";
+  ASSERT_TRUE(pair.client.id->connect(ConnParam{.qp_num = client_qp->qp_num()}));
+  pair.take_request();
+  EXPECT_EQ(pair.request.param.qp_num, client_qp->qp_num());
+  ASSERT_TRUE(pair.server.id->accept(ConnParam{.qp_num = server_qp->qp_num()}));
+  const CmEvent response = expect_event(*pair.client.channel, CmEventType::connect_response);
+  EXPECT_EQ(response.param.qp_num, server_qp->qp_num());
+  ASSERT_TRUE(pair.client.id->establish());
+  EXPECT_EQ(pair.client.id->establish().error(), std::errc::invalid_argument) << "only once";
+  expect_event(*pair.server.channel, CmEventType::established);
+
+  ASSERT_TRUE(client_qp->post_send(SendWr{.wr_id = 2, .opcode = WrOpcode::send, .sg_list = {message_mr->sge()}}));
+  auto received = poll_n(*pair.server.cq, 1);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].status, WcStatus::success);
+  EXPECT_EQ(received[0].qp_num, server_qp->qp_num());
+  EXPECT_EQ(sink, message);
+  auto sent = poll_n(*pair.client.cq, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, WcStatus::success);
+  // A claimed QP carries one connection in its life.
+  auto second = roce_id(pair.client);
+  ASSERT_TRUE(second->set_option(CmOption::peer_to_peer, 0));
+  ASSERT_TRUE(second->resolve_addr(pair.address));
+  expect_event(*pair.client.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(second->resolve_route());
+  expect_event(*pair.client.channel, CmEventType::route_resolved);
+  EXPECT_EQ(second->connect(ConnParam{.qp_num = client_qp->qp_num()}).error(), std::errc::invalid_argument);
+  pair.client.id->detach_qp();
+  pair.server.id->detach_qp();
+}
+
 // --- a lossy wire ---
 
 TEST(Roce, LossyWireDeliversEveryByteOnceInOrder) {

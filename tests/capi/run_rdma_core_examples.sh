@@ -2,8 +2,8 @@
 # Builds rdma-core's rping, rdma_server and rdma_client (sources kept outside the repository)
 # unmodified against peercm's headers and library, and runs them over loopback:
 #   rping -v -V -C 100 (Send, RDMA Read, RDMA Write; data validated), the same with -q (a QP
-#   made with ibv_create_qp: CONNECT_RESPONSE, rdma_init_qp_attr, rdma_establish), plain rping
-#   again over RoCEv2 (PEERCM_TRANSPORT=roce), and rdma_server with rdma_client (the
+#   made with ibv_create_qp: CONNECT_RESPONSE, rdma_init_qp_attr, rdma_establish), both again
+#   over RoCEv2 (PEERCM_TRANSPORT=roce), and rdma_server with rdma_client (the
 #   synchronous API; a server listening on INADDR_ANY) over both transports.
 # usage: run_rdma_core_examples.sh REF_DIR INCLUDE_DIR LIB_DIR OUT_DIR [SANITIZERS]
 set -euo pipefail
@@ -39,8 +39,11 @@ rping_pair() {
 rping_pair -v -V -C 100
 rping_pair -q -v -V -C 100
 # Over RoCEv2: a RoCE node is one address, so the server takes a random 127/8 one.
-PEERCM_TRANSPORT=roce RPING_ADDRESS=127.$((RANDOM % 250 + 1)).$((RANDOM % 250)).$((RANDOM % 250 + 1)) \
-  rping_pair -v -V -C 100
+for args in "-v -V -C 100" "-q -v -V -C 100"; do
+  # shellcheck disable=SC2086
+  PEERCM_TRANSPORT=roce RPING_ADDRESS=127.$((RANDOM % 250 + 1)).$((RANDOM % 250)).$((RANDOM % 250 + 1)) \
+    rping_pair $args
+done
 
 # rdma_server listens on INADDR_ANY; over RoCE that opens a node on each interface address.
 rdma_server_pair() {

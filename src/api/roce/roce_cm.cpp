@@ -193,6 +193,8 @@ Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& 
                            id.ctx->memory, *qp->send_cq, *qp->recv_cq, qp->qp_num, id.roce_address);
   if (!roce) return fail(roce.error());
   qp->roce = std::move(*roce);
+  // rping -q posts its receives on the QP before connecting: they move to the RC core.
+  qp->roce->rc.adopt_receives(qp->engine.take_posted_receives());
   qp->roce->owner = id.weak_from_this();
   device_of(*id.ctx).add_qp(qp);
   return {};
@@ -251,10 +253,26 @@ Status<std::errc> adopt_unseen_request(CmIdImpl& id, RocePort& port, const ConnP
   return {};
 }
 
+// rdma_connect/rdma_accept without the id's own QP: the QueuePair::create one that
+// `qp_num` names gets its RC core now (rping -q).
+Status<std::errc> claim_qp_by_number(CmIdImpl& id, std::uint32_t qp_num) {
+  if (!id.claim_qp(qp_num)) return fail(std::errc::invalid_argument);
+  if (auto attached = attach_qp(id, id.qp_impl); !attached) {
+    id.qp_impl->claimed = false;
+    id.qp_impl.reset();
+    return fail(attached.error());
+  }
+  return {};
+}
+
 }  // namespace
 
 Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<CmEvent>& retracted) {
-  if (!id.qp_impl || !id.qp_impl->roce) return fail(std::errc::invalid_argument);
+  if (!id.qp_impl) {
+    if (auto claimed = claim_qp_by_number(id, param.qp_num); !claimed) return claimed;
+    id.qp_by_number = true;  // CONNECT_RESPONSE, then establish(), as over iWARP
+  }
+  if (!id.qp_impl->roce) return fail(std::errc::invalid_argument);
   RocePort* port = port_of(id);
   if (!port) return fail(std::errc::invalid_argument);
   RoceDevice& device = device_of(*id.ctx);
@@ -280,7 +298,10 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
 
 Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) {
   if (id.state != CmIdImpl::State::request_received || id.roce_id == 0) return fail(std::errc::invalid_argument);
-  if (!id.qp_impl || !id.qp_impl->roce) return fail(std::errc::invalid_argument);
+  if (!id.qp_impl) {
+    if (auto claimed = claim_qp_by_number(id, param.qp_num); !claimed) return claimed;
+  }
+  if (!id.qp_impl->roce) return fail(std::errc::invalid_argument);
   RocePort* port = port_of(id);
   if (!port) return fail(std::errc::invalid_argument);
   const core::ibcm::IbCmAcceptParams reply = reply_params(id, param);
@@ -366,7 +387,9 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
       id->state = CmIdImpl::State::established;
       id->peer = socket_address(from_bytes(event.peer_address), event.port);
       ConnParam param = event_param(event);
-      id->emit(CmEventType::established, 0, std::move(param));
+      // The RTU already left: establish() only closes the exchange, as over iWARP.
+      id->response_pending = id->qp_by_number;
+      id->emit(id->qp_by_number ? CmEventType::connect_response : CmEventType::established, 0, std::move(param));
       return;
     }
     case Kind::rejected: {

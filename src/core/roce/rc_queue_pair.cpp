@@ -84,6 +84,10 @@ Status<std::errc> RcQueuePair::post_send(const SendWr& wr) {
   return {};
 }
 
+void RcQueuePair::adopt_receives(ReceiveQueue&& posted) {
+  while (!posted.empty()) rq_.push(posted.take());
+}
+
 // The QP's own queue stays empty while it has an SRQ (post_recv refuses).
 void RcQueuePair::detach_srq() { receive_source_ = &rq_; }
 

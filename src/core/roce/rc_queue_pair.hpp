@@ -41,6 +41,8 @@ class RcQueuePair {
   Status<std::errc> post_recv(const RecvWr& wr);
   // The SRQ goes before the QP: from now on no message takes a receive (they are RNR NAKed).
   void detach_srq();
+  // Receives posted (and checked) elsewhere before this core existed, in their order.
+  void adopt_receives(ReceiveQueue&& posted);
 
   // --- connection and time ---
   // RTR and RTS at once. EINVAL when a parameter does not fit its wire width or the PMTU
