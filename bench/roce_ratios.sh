@@ -36,7 +36,8 @@ print(f"{name:<30} iwarp {statistics.median(iwarp):8.2f}  roce {statistics.media
 PY
 }
 
-figure "send latency 8 B (us)"        1.10 le --op send  --mode lat --size 8 --iters 3000
+# --pin: both busy-polling ends on their own CPUs (docs/performance.md).
+figure "send latency 8 B (us)"        1.10 le --op send  --mode lat --size 8 --iters 3000 --pin
 figure "write bandwidth 1 MiB (MB/s)" 0.70 ge --op write --mode bw  --size 1048576 --iters 300
 
 clean=() lossy=()

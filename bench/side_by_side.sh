@@ -5,7 +5,7 @@
 # TCP; peercm mesh against the first MPI_Alltoall of Open MPI over its TCP BTL).
 #
 #   bench/side_by_side.sh [--reps N] [--out DIR] [--bw-mib M] [--connections C] [--ranks R]
-#                         [--port-base P] [--no-mpi] [--no-netns] [--profile]
+#                         [--port-base P] [--no-mpi] [--no-netns] [--no-pin] [--profile]
 #
 #   --reps N         repetitions of the whole matrix (default 5); medians over them
 #   --out DIR        output folder (default build/bench-side-by-side/<timestamp>)
@@ -15,6 +15,14 @@
 #   --port-base P    first of the fixed ports of the tool servers (default 47600; the next
 #                    free block of 4 is taken if one is busy)
 #   --no-mpi         skip the Open MPI row;  --no-netns: skip UCX's multi-rail row
+#   --no-pin         leave the busy-polling contenders unpinned. By default each end of a
+#                    busy-polling latency or ping-pong run keeps to its own CPU, as perftest
+#                    is run under taskset: peercm perf --pin, fi_pingpong and ucx_perftest
+#                    under taskset (server on the first allowed CPU, client on the second).
+#                    On 2 shared cores the scheduler otherwise leaves both pollers on one
+#                    core in some runs (100 us and more per message). The blocking contenders
+#                    (peercm's TCP baseline, sockperf, iperf3) stay unpinned: pinning only
+#                    slows a blocking ping-pong, whose wake-ups are best placed by the kernel.
 #   --profile        also count system calls per message (strace -f) of peercm, its TCP
 #                    baseline, fi_pingpong and ucx_perftest: DIR/profile.md, in results.md
 #   PEERCM=path      use this peercm binary and skip the build (development)
@@ -44,6 +52,7 @@ ranks=8
 port_base=47600
 use_mpi=1
 use_netns=1
+use_pin=1
 profile=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
@@ -56,6 +65,7 @@ while (($#)); do
     --port-base) port_base=$2; shift 2 ;;
     --no-mpi) use_mpi=0; shift ;;
     --no-netns) use_netns=0; shift ;;
+    --no-pin) use_pin=0; shift ;;
     --profile) profile=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "side_by_side: unknown argument $1" >&2; usage >&2; exit 2 ;;
@@ -73,6 +83,12 @@ index=$out/index.tsv
 printf 'rep\tseq\tkind\tlog\tgroup\tsize\tcontender\tkeep\n' >"$index"
 echo "seq,rep,group,size,contender,seconds" >"$out/times.csv"
 report=(python3 "$root/bench/side_by_side_report.py")
+# --no-pin: the CPUs the two ends of a busy-polling run keep to (taskset prefixes).
+server_pin=() client_pin=() peercm_pin=()
+if ((use_pin)); then
+  read -r cpu_a cpu_b < <(python3 -c 'import os; c = sorted(os.sched_getaffinity(0)); print(c[0], c[1 % len(c)])')
+  server_pin=(taskset -c "$cpu_a") client_pin=(taskset -c "$cpu_b") peercm_pin=(--pin)
+fi
 
 # ---- tools and build ---------------------------------------------------------------------
 tools=(libfabric-bin ucx-utils sockperf iperf3 gnuplot-nox openmpi-bin libopenmpi-dev iproute2 python3)
@@ -205,7 +221,10 @@ bw_iters() { echo $(((bw_mib << 20) / $1)); }
     "sockperf $(sockperf --version 2>&1 | sed -n 's/.*version \([0-9.]*\).*/\1/p' | head -1);" \
     "iperf3 $(iperf3 --version | sed -n '1s/^iperf \([0-9.]*\).*/\1/p');" \
     "Open MPI $(mpirun --version 2>/dev/null | sed -n '1s/.*) //p')."
-  echo "Command: bench/side_by_side.sh --reps $reps --bw-mib $bw_mib --connections $connections --ranks $ranks."
+  echo "Command: bench/side_by_side.sh --reps $reps --bw-mib $bw_mib --connections $connections --ranks $ranks$( ((use_pin)) || echo ' --no-pin')."
+  if ((use_pin)); then
+    echo "Pinning: busy-polling ends on their own CPUs (peercm perf --pin; fi_pingpong and ucx_perftest server on CPU $cpu_a, client on CPU $cpu_b); blocking contenders unpinned."
+  fi
   echo "Samples: peercm perf defaults (latency 1000 round trips, 100 above 64 KiB; window 64); fi_pingpong and" \
     "ucx_perftest $(lat_iters 8) round trips at 8 B/4 KiB, $(lat_iters 65536) at 64 KiB, $(lat_iters 1048576) at 1 MiB;" \
     "sockperf 1 s; streaming ${bw_mib} MiB per sample (peercm, UCX, iperf3)."
@@ -227,7 +246,7 @@ run_peercm() {  # group size op crc progress
   [[ $group == bw ]] && mode=bw && args=(--iters "$(bw_iters "$size")")
   log=$(logfile "$name" "$group" "$size")
   if timeout 180 "${peercm_cmd[@]}" perf --loopback --json --op "$op" --mode "$mode" --size "$size" \
-    --crc "$crc" --progress "$progress" "${args[@]}" >"$log" 2>&1; then
+    --crc "$crc" --progress "$progress" "${peercm_pin[@]}" "${args[@]}" >"$log" 2>&1; then
     emit peercm "$log" "$group" "$size" "$name"
   else
     echo "side_by_side: $name $group $size failed (rc $?): see $log" >&2
@@ -260,12 +279,12 @@ run_fi() {  # group size: fi_pingpong over the tcp provider's msg endpoint, kept
   local size=$2 iters log spid
   iters=$(lat_iters "$size")
   log=$(logfile libfabric "$1" "$size")
-  FI_TCP_IFACE=lo timeout 180 fi_pingpong -p tcp -e msg -B "$fi_port" -I "$iters" -S "$size" \
+  FI_TCP_IFACE=lo timeout 180 "${server_pin[@]}" fi_pingpong -p tcp -e msg -B "$fi_port" -I "$iters" -S "$size" \
     >"$log.server" 2>&1 &
   spid=$!
   servers+=("$spid")
   if wait_listen "$fi_port" "$spid" &&
-    FI_TCP_IFACE=lo timeout 180 fi_pingpong -p tcp -e msg -P "$fi_port" -I "$iters" -S "$size" \
+    FI_TCP_IFACE=lo timeout 180 "${client_pin[@]}" fi_pingpong -p tcp -e msg -P "$fi_port" -I "$iters" -S "$size" \
       127.0.0.1 >"$log" 2>&1; then
     emit fabric "$log" "$1" "$size" libfabric
   else
@@ -283,11 +302,11 @@ run_ucx() {  # group size variant(lo|mr)
     test=tag_lat iters=$(lat_iters "$size") warmup=$(($(lat_iters "$size") / 10)) keep=p50_us,mean_us
   fi
   log=$(logfile "ucx-$variant" "$group" "$size")
-  in_ns env "${env[@]}" timeout 180 ucx_perftest -p "$ucx_port" >"$log.server" 2>&1 &
+  in_ns env "${env[@]}" timeout 180 "${server_pin[@]}" ucx_perftest -p "$ucx_port" >"$log.server" 2>&1 &
   spid=$!
   servers+=("$spid")
   if wait_listen "$ucx_port" "$spid" &&
-    in_ns env "${env[@]}" timeout 180 ucx_perftest 127.0.0.1 -p "$ucx_port" -t "$test" -s "$size" \
+    in_ns env "${env[@]}" timeout 180 "${client_pin[@]}" ucx_perftest 127.0.0.1 -p "$ucx_port" -t "$test" -s "$size" \
       -n "$iters" -w "$warmup" -f -v >"$log" 2>&1; then
     emit ucx "$log" "$group" "$size" "ucx-$variant" "$keep"
   else

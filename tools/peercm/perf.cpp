@@ -15,6 +15,8 @@
 // client's buffer (address, rkey) for write latency. Accept private data: magic, the
 // server's buffer (address, rkey), its receive depth.
 #include <fmt/core.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -77,6 +79,36 @@ WaitPolicy g_wait = WaitPolicy::poll;
 void apply_spin(Endpoint& ep) {
   if (g_spin) ep.set_spin(*g_spin);
 }
+
+// --pin: the peercm run's application thread keeps to one CPU of the allowed ones (`slot`
+// 0 the server's, 1 the client's), as perftest runs under taskset; the previous affinity
+// comes back for the TCP baseline, whose blocking threads are best left to the scheduler.
+bool g_pin = false;
+
+class PinScope {
+ public:
+  explicit PinScope(std::size_t slot) {
+    if (!g_pin || pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) != 0) return;
+    std::size_t seen = 0;
+    for (std::size_t cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (!CPU_ISSET(cpu, &saved_) || seen++ != slot) continue;
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      pinned_ = pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0;
+      return;
+    }
+  }
+  ~PinScope() {
+    if (pinned_) pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
+  }
+  PinScope(const PinScope&) = delete;
+  PinScope& operator=(const PinScope&) = delete;
+
+ private:
+  cpu_set_t saved_{};
+  bool pinned_ = false;
+};
 
 double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
@@ -444,7 +476,10 @@ PerfParams serve_peercm(Device& device, EventStash& stash, CmEvent request) {
 PerfParams serve_one(Device& device, EventStash& stash, Socket& tcp_listener, std::chrono::milliseconds wait) {
   auto request = next_request(device, stash, wait);
   if (!request) throw ToolError("no client connected");
-  const PerfParams p = serve_peercm(device, stash, std::move(*request));
+  const PerfParams p = [&] {
+    const PinScope pin(0);
+    return serve_peercm(device, stash, std::move(*request));
+  }();
   Socket tcp = tcp_accept(tcp_listener);
   tcp_server(tcp, p);
   return p;
@@ -458,7 +493,10 @@ struct Results {
 Results run_client_side(Device& device, const sockaddr_in& peercm_dst, const sockaddr_in& tcp_dst,
                         std::optional<std::int64_t> crc, const PerfParams& p) {
   Results r;
-  r.peercm = run_peercm_client(device, peercm_dst, crc, p);
+  {
+    const PinScope pin(1);
+    r.peercm = run_peercm_client(device, peercm_dst, crc, p);
+  }
   Socket tcp = tcp_connect(tcp_dst);
   r.tcp = tcp_client(tcp, p);
   return r;
@@ -468,6 +506,7 @@ Results run_client_side(Device& device, const sockaddr_in& peercm_dst, const soc
 
 struct PerfOptions {
   bool loopback = false;
+  bool pin = false;
   bool server = false;
   std::string client;
   std::string bind;
@@ -686,9 +725,13 @@ void add_perf(CLI::App& app) {
                   "poll: busy-poll the CQ (perftest style); block: sleep on the completion channel; "
                   "hybrid: busy-poll for the spin budget, then sleep")
       ->check(CLI::IsMember({"poll", "block", "hybrid"}));
+  cmd->add_flag("--pin", o->pin,
+                "Pin each end's application thread to its own CPU for the peercm run (server: the first "
+                "allowed CPU, client: the second), as perftest under taskset; the TCP baseline runs unpinned");
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   cmd->callback([o] {
     if (o->spin_us >= 0) g_spin = std::chrono::microseconds(o->spin_us);
+    g_pin = o->pin;
     g_wait = o->wait == "block" ? WaitPolicy::block : o->wait == "hybrid" ? WaitPolicy::hybrid : WaitPolicy::poll;
     if (!o->loopback && !o->server && o->client.empty())
       throw CLI::ValidationError("perf", "give --loopback, --server or --client ADDR");
