@@ -28,6 +28,19 @@ std::unique_ptr<CmId> roce_id(Side& side) {
   return std::move(CmId::create(*side.context, *side.channel, nullptr, Transport::roce).value());
 }
 
+// A client-server (p2p off) RoCE connect from `client` to `address`, up to connect().
+void start_roce_client(Side& client, const sockaddr_in& address, const ConnParam& param = {}) {
+  client.id = roce_id(client);
+  EXPECT_EQ(client.id->transport(), Transport::roce);
+  EXPECT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
+  EXPECT_TRUE(client.id->resolve_addr(address));
+  expect_event(*client.channel, CmEventType::addr_resolved);
+  EXPECT_TRUE(client.id->resolve_route());
+  expect_event(*client.channel, CmEventType::route_resolved);
+  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+  EXPECT_TRUE(client.id->connect(param));
+}
+
 // A RoCE server listening on a random loopback address and a client connected to it.
 struct RocePair {
   Side server;
@@ -44,17 +57,7 @@ struct RocePair {
     EXPECT_TRUE(listener->listen(16));
   }
 
-  void start_client(const ConnParam& param = {}) {
-    client.id = roce_id(client);
-    EXPECT_EQ(client.id->transport(), Transport::roce);
-    EXPECT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
-    EXPECT_TRUE(client.id->resolve_addr(address));
-    expect_event(*client.channel, CmEventType::addr_resolved);
-    EXPECT_TRUE(client.id->resolve_route());
-    expect_event(*client.channel, CmEventType::route_resolved);
-    client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
-    EXPECT_TRUE(client.id->connect(param));
-  }
+  void start_client(const ConnParam& param = {}) { start_roce_client(client, address, param); }
 
   void take_request() {
     request = expect_event(*server.channel, CmEventType::connect_request);
@@ -303,18 +306,8 @@ TEST(Roce, ListenerOnAnyAddressTakesRequestsAtEveryAddress) {
   EXPECT_EQ(clash->listen(16).error(), std::errc::address_in_use);
 
   address.sin_port = bound.sin_port;
-  auto connect_client = [&](Side& client) {
-    client.id = roce_id(client);
-    EXPECT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
-    EXPECT_TRUE(client.id->resolve_addr(address));
-    expect_event(*client.channel, CmEventType::addr_resolved);
-    EXPECT_TRUE(client.id->resolve_route());
-    expect_event(*client.channel, CmEventType::route_resolved);
-    client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
-    EXPECT_TRUE(client.id->connect({}));
-  };
   Side client;
-  connect_client(client);
+  start_roce_client(client, address);
   auto request = expect_event(*server.channel, CmEventType::connect_request);
   EXPECT_EQ(request.listen_id, any.get());
   ASSERT_TRUE(request.new_id);
@@ -335,7 +328,7 @@ TEST(Roce, ListenerOnAnyAddressTakesRequestsAtEveryAddress) {
 
   any.reset();
   Side late;
-  connect_client(late);
+  start_roce_client(late, address);
   EXPECT_EQ(expect_event(*late.channel, CmEventType::rejected).reject_reason, RejectReason::refused);
 }
 

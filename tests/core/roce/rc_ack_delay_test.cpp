@@ -40,6 +40,15 @@ class AckDelay : public ::testing::Test {
     const Mr& buf = side == 0 ? a_buf : b_buf;
     ASSERT_TRUE(n.post(id, WrOpcode::send, {buf.sge(0, 8)}));
   }
+  // A message from A whose ACK B sends at once (B holds none).
+  void send_and_expect_ack_at_once(std::uint64_t id) {
+    post_from(0, id);
+    for (const Bytes& d : wire.drain(0)) wire.deliver(1, d);
+    const auto out = wire.drain(1);
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_TRUE(is_ack(out[0]));
+    wire.deliver(0, out[0]);
+  }
   // One message each way with immediate delivery of everything.
   void ping_pong(std::uint64_t id) {
     post_from(0, id);
@@ -54,13 +63,8 @@ class AckDelay : public ::testing::Test {
 };
 
 TEST_F(AckDelay, FirstMessagesAreAckedAtOnceThenTheAckLeavesRightBehindTheReply) {
-  post_from(0, 1);
-  for (const Bytes& d : wire.drain(0)) wire.deliver(1, d);
   // Nothing alternated yet: the ACK leaves at once.
-  auto out = wire.drain(1);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(is_ack(out[0]));
-  wire.deliver(0, out[0]);
+  send_and_expect_ack_at_once(1);
   post_from(1, 1);
   wire.settle();
 
@@ -71,7 +75,7 @@ TEST_F(AckDelay, FirstMessagesAreAckedAtOnceThenTheAckLeavesRightBehindTheReply)
   EXPECT_EQ(*wire.b.qp.next_deadline(), wire.now + kDelay);
   ASSERT_EQ(wire.b.rcq.wcs.size(), 2u);  // the message itself completed at once
   post_from(1, 2);
-  out = wire.drain(1);
+  const auto out = wire.drain(1);
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(Wire::view(out[0]).headers.bth.opcode, w::Opcode::rc_send_only);
   EXPECT_TRUE(is_ack(out[1]));
@@ -100,12 +104,7 @@ TEST_F(AckDelay, AHoldEndsAtItsDeadlineAndHoldingStopsUntilTheTrafficAlternatesA
   EXPECT_EQ(wire.a.scq.wcs.back().wr_id, 2u);
 
   // Nobody replied: the next message is acknowledged at once.
-  post_from(0, 3);
-  for (const Bytes& d : wire.drain(0)) wire.deliver(1, d);
-  out = wire.drain(1);
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(is_ack(out[0]));
-  wire.deliver(0, out[0]);
+  send_and_expect_ack_at_once(3);
   // A reply makes the traffic alternate again: the next ACK waits.
   post_from(1, 3);
   wire.settle();
