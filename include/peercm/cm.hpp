@@ -111,7 +111,8 @@ enum class CmOption : std::uint8_t {
   // MPA exchange; a p2p attempt, design.md §3 rule 8). On a listening id it bounds every
   // incoming setup, from the TCP accept to the application's accept() or reject(): a peer
   // that sends no MPA Request, or sends it too slowly, is closed then (RFC 5044 §7.1.2).
-  // It applies to connections accepted after the call.
+  // It applies to connections accepted after the call. Over RoCE it bounds a p2p attempt
+  // (rule 8); a client-server attempt ends on the IB CM's own timers (RoceOptions).
   connect_timeout,
   crc,              // 0 required, 1 preferred, 2 off
   p2p_tag,          // 32-bit tag of the p2p key

@@ -59,7 +59,7 @@ std::chrono::nanoseconds wait_timeout(Clock::time_point now, std::chrono::millis
   return wait;
 }
 
-// epoll_pwait2 (Linux 5.11) sleeps to the nanosecond; elsewhere epoll_wait's milliseconds,
+// epoll_pwait2 (Linux 5.11) sleeps to the nanosecond; where it fails, epoll_wait's milliseconds,
 // rounded UP so that a timer is never found not-yet-due because the wait ended too soon.
 int wait_for_events(int epoll_fd, epoll_event* events, int max_events, std::chrono::nanoseconds timeout) {
   static std::atomic<bool> has_pwait2{true};
@@ -68,7 +68,8 @@ int wait_for_events(int epoll_fd, epoll_event* events, int max_events, std::chro
     const timespec ts{.tv_sec = static_cast<time_t>(seconds.count()),
                       .tv_nsec = static_cast<long>((timeout - seconds).count())};
     const int ready = ::epoll_pwait2(epoll_fd, events, max_events, &ts, nullptr);
-    if (ready >= 0 || errno != ENOSYS) return ready;
+    if (ready >= 0 || errno == EINTR) return ready;
+    // ENOSYS (kernel < 5.11), or EPERM from a seccomp filter that does not know the call.
     has_pwait2.store(false, std::memory_order_relaxed);
   }
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(timeout);

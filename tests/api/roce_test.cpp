@@ -352,6 +352,28 @@ TEST(Roce, NobodyAtTheAddressIsUnreachable) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
 }
 
+// CmOption::connect_timeout bounds a p2p attempt over RoCE too (design.md §3 rule 8): nobody
+// answers the REQ, and CONNECT_ERROR comes at the id's deadline, long before the agent's
+// 10 s default or the end of the CM's REQ retries.
+TEST(Roce, P2pAttemptEndsAtTheIdsConnectTimeout) {
+  Side client;
+  client.id = roce_id(client);
+  ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, 1));
+  ASSERT_TRUE(client.id->set_option(CmOption::connect_timeout, 300));
+  ASSERT_TRUE(client.id->resolve_addr(random_loopback(7471)));
+  expect_event(*client.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(client.id->resolve_route());
+  expect_event(*client.channel, CmEventType::route_resolved);
+  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(client.id->connect({}));
+  const CmEvent failed = expect_event(*client.channel, CmEventType::connect_error);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(failed.reject_reason, RejectReason::timeout);
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 5s);
+}
+
 TEST(Roce, SocketsCloseWithTheirContexts) {
   const std::size_t before = open_fds();
   {

@@ -288,6 +288,7 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
   request.initiator_depth = param.initiator_depth;
   request.path_mtu = static_cast<std::uint8_t>(path_mtu_between(id.roce_address, ntohl(id.destination.sin_addr.s_addr)));
   request.private_data = param.private_data;
+  request.connect_timeout = std::chrono::milliseconds(id.connect_timeout_ms);  // CmOption::connect_timeout
   auto agent_id = port->agent.connect(request, now());
   if (!agent_id && agent_id.error() == std::errc::connection_already_in_progress && id.peer_to_peer)
     return adopt_unseen_request(id, *port, param, retracted);

@@ -99,7 +99,8 @@ Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Ti
   if (params.peer_to_peer) {
     // design.md §3 rule 5 before anything goes out: EISCONN / EALREADY.
     link = next_link_++;
-    if (auto status = resolver_.connect(record.key, params.qpn, link, now + config_.connect_timeout); !status) {
+    const Duration timeout = params.connect_timeout.value_or(config_.connect_timeout);
+    if (auto status = resolver_.connect(record.key, params.qpn, link, now + timeout); !status) {
       return fail(status.error());
     }
   }

@@ -68,6 +68,9 @@ struct IbCmConnectParams {
   std::uint8_t rnr_retry_count = 7;
   std::uint8_t path_mtu = 3;
   std::vector<std::uint8_t> private_data;  // ≤ 56, or ≤ 36 with peer_to_peer
+  // A p2p attempt's deadline (design.md §3 rule 8), from connect(); none: the agent's
+  // IbCmAgentConfig::connect_timeout.
+  std::optional<Duration> connect_timeout;
 };
 
 struct IbCmAcceptParams {
