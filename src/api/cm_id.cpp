@@ -505,7 +505,10 @@ Status<std::errc> CmId::listen(int backlog) {
   std::lock_guard lock(impl.ctx->mutex);
   if (impl.state != detail::CmIdImpl::State::bound && impl.state != detail::CmIdImpl::State::idle)
     return fail(std::errc::invalid_argument);
-  if (impl.transport == Transport::roce) return detail::roce::listen(impl);
+  if (impl.transport == Transport::roce) {
+    impl.backlog = backlog <= 0 ? SOMAXCONN : backlog;
+    return detail::roce::listen(impl);
+  }
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(static_cast<std::errc>(errno));
   int one = 1;

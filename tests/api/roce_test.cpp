@@ -352,6 +352,35 @@ TEST(Roce, NobodyAtTheAddressIsUnreachable) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
 }
 
+// listen(backlog) bounds the requests the application has not decided yet; the REQ beyond
+// it is rejected (REJ 28, as Linux's rdma_ucm does); deciding one makes room again.
+TEST(Roce, BacklogBoundsUndecidedRequests) {
+  Side server;
+  auto listener = roce_id(server);
+  const sockaddr_in address = random_loopback(7501);
+  ASSERT_TRUE(listener->bind(address));
+  ASSERT_TRUE(listener->listen(2));
+  Side a, b, c, d;
+  start_roce_client(a, address);
+  auto first = expect_event(*server.channel, CmEventType::connect_request);
+  start_roce_client(b, address);
+  auto second = expect_event(*server.channel, CmEventType::connect_request);
+  start_roce_client(c, address);
+  EXPECT_EQ(expect_event(*c.channel, CmEventType::rejected).reject_reason, RejectReason::application)
+      << "two undecided requests fill a backlog of 2";
+  ASSERT_TRUE(first.new_id->reject({}));
+  EXPECT_EQ(expect_event(*a.channel, CmEventType::rejected).reject_reason, RejectReason::application);
+  start_roce_client(d, address);
+  auto third = expect_event(*server.channel, CmEventType::connect_request);
+  ASSERT_TRUE(third.new_id);
+  server.qp = third.new_id->create_qp(*server.pd, server.qp_attr()).value();
+  ASSERT_TRUE(third.new_id->accept({}));
+  expect_event(*d.channel, CmEventType::established);
+  expect_event(*server.channel, CmEventType::established);
+  EXPECT_EQ(cm_stats(*server.context).rejects_sent[static_cast<int>(RejectReason::application)], 2u);
+  second.new_id.reset();
+}
+
 // CmOption::connect_timeout bounds a p2p attempt over RoCE too (design.md §3 rule 8): nobody
 // answers the REQ, and CONNECT_ERROR comes at the id's deadline, long before the agent's
 // 10 s default or the end of the CM's REQ retries.

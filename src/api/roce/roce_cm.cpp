@@ -89,6 +89,15 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
     (void)port.agent.reject(event.id, {}, now());
     return;
   }
+  // The backlog bounds the requests the application has not decided yet, as librdmacm's
+  // does for IB and RoCE (the kernel rejects the REQ beyond it). A p2p request is the
+  // resolver's to decide, not the backlog's (as over iWARP).
+  const bool counted = !event.peer_to_peer;
+  if (counted && listener->pending >= static_cast<std::size_t>(listener->backlog)) {
+    (void)port.agent.reject(event.id, {}, now());
+    listener->ctx->stats.rejects_sent[static_cast<int>(RejectReason::application)]++;
+    return;
+  }
   auto child_impl = std::make_shared<CmIdImpl>(listener->ctx, listener->channel, listener->user_context);
   child_impl->public_context = listener->public_context;
   child_impl->transport = Transport::roce;
@@ -96,6 +105,10 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   child_impl->peer_to_peer = event.peer_to_peer;
   child_impl->tag = event.tag;
   child_impl->listener = listener;
+  if (counted) {
+    ++listener->pending;
+    child_impl->counted_in_backlog = true;
+  }
   child_impl->roce_id = event.id;
   child_impl->roce_address = port.address;
   child_impl->bound_address = socket_address(port.address, event.service_port);
@@ -310,6 +323,7 @@ Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) {
   id.roce_psn = reply.starting_psn;
   id.roce_param = param;
   id.state = CmIdImpl::State::accepting;
+  id.release_pending();
   device_of(*id.ctx).pump();
   return {};
 }
@@ -320,6 +334,7 @@ Status<std::errc> reject(CmIdImpl& id, std::span<const std::uint8_t> private_dat
   if (!port) return fail(std::errc::invalid_argument);
   if (auto rejected = port->agent.reject(id.roce_id, private_data, now()); !rejected) return fail(rejected.error());
   id.ctx->stats.rejects_sent[static_cast<int>(RejectReason::application)]++;
+  id.release_pending();
   end_agent_id(id);
   id.state = CmIdImpl::State::idle;
   device_of(*id.ctx).pump();
@@ -375,6 +390,7 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
   }
   auto id = device.find_id(port.address, event.id);
   if (!id) return;  // its CmId is gone; the agent finishes the protocol alone
+  id->release_pending();  // a request the peer gave up or that ended is decided
   switch (event.kind) {
     case Kind::connect_request: break;
     case Kind::established: {
