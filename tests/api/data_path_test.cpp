@@ -209,6 +209,11 @@ TEST_P(DataPathOrdering, ManyQueuePairsAtOnce) {
   auto recvs = poll_n(*pair.server.cq, kPairs);
   ASSERT_EQ(recvs.size(), static_cast<std::size_t>(kPairs));
   for (int i = 0; i < kPairs; ++i) EXPECT_TRUE(sinks[static_cast<std::size_t>(i)] == sources[static_cast<std::size_t>(i)]);
+  // The sources stay registered until every Send completed: over RoCE that is when its ACK
+  // arrived, and a Send waiting for one may still be resent from them.
+  auto sends = poll_n(*pair.client.cq, kPairs);
+  ASSERT_EQ(sends.size(), static_cast<std::size_t>(kPairs));
+  for (const WorkCompletion& wc : sends) EXPECT_EQ(wc.status, WcStatus::success);
 }
 
 TEST_P(DataPathFeatures, SendWithInvalidateRevokesTheRegion) {
@@ -261,6 +266,7 @@ TEST_P(DataPathFeatures, SolicitedEventWakesOnlyOnSolicitedSends) {
   auto recvs = poll_n(*pair.server.cq, 2);
   ASSERT_EQ(recvs.size(), 2u);
   EXPECT_TRUE(recvs[1].wc_flags & kWcSolicited);
+  EXPECT_EQ(poll_n(*pair.client.cq, 2).size(), 2u) << "both Sends complete before their buffer goes";
   pair.server.id.reset();
   pair.server.cq.reset();
 }

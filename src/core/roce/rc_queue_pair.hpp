@@ -147,6 +147,7 @@ class RcQueuePair {
   void go_back(std::uint32_t psn, bool counts_as_retry);
   SendEntry* entry_with_psn(std::uint32_t psn);
   std::uint32_t entry_end(const SendEntry& entry) const;
+  bool still_registered(const SendEntry& entry) const;
   void fail_requester(RcErrorCause cause, std::uint32_t psn);
   void requester_timeout();
   void restart_ack_timer();

@@ -55,6 +55,17 @@ std::uint32_t RcQueuePair::read_packets(std::uint32_t length) const {
   return length == 0 ? 1 : (length + pmtu_ - 1) / pmtu_;
 }
 
+// The memory a WR gathers from (or a READ scatters into) is read at every (re)transmission:
+// a region deregistered while the WR is outstanding fails it (local protection, as an HCA
+// reports it) instead of touching memory the application may have freed.
+bool RcQueuePair::still_registered(const SendEntry& entry) const {
+  if (!entry.inline_data.empty()) return true;
+  const bool needs_write = entry.wr.opcode == WrOpcode::rdma_read;
+  for (const Sge& sge : entry.wr.sg_list)
+    if (!memory_.check_local(sge, config_.pd, needs_write)) return false;
+  return true;
+}
+
 std::uint32_t RcQueuePair::entry_end(const SendEntry& entry) const { return w::psn_add(entry.first_psn, entry.npkts); }
 
 RcQueuePair::SendEntry* RcQueuePair::entry_with_psn(std::uint32_t psn) {
@@ -94,6 +105,10 @@ bool RcQueuePair::next_request(TxPlan& plan) {
     if (is_read) ++reads_in_flight_;
   }
   const std::uint32_t psn = tx_psn_;
+  if (!is_read && !still_registered(entry)) {
+    fail_requester(RcErrorCause::local_protection, psn);
+    return false;
+  }
   if (w::psn_before(psn, sent_end_psn_)) ++stats_.retransmitted_packets;
   if (message_since_request_) alternating_ = true;  // a reply: hold ACKs for the next ones
   message_since_request_ = false;
@@ -363,6 +378,10 @@ void RcQueuePair::handle_read_response(const w::PacketView& packet) {
                                    op == w::Opcode::rc_rdma_read_response_middle);
   if (!opcode_fits || packet.payload.size() != expected) {
     fail_requester(RcErrorCause::bad_response, psn);
+    return;
+  }
+  if (!still_registered(*entry)) {
+    fail_requester(RcErrorCause::local_protection, psn);
     return;
   }
   const std::uint8_t* source = packet.payload.data();
