@@ -41,6 +41,17 @@ void start_roce_client(Side& client, const sockaddr_in& address, const ConnParam
   EXPECT_TRUE(client.id->connect(param));
 }
 
+// An id of `client` resolved towards a random 127/8 address where nobody is, with its QP.
+void resolve_towards_nobody(Side& client, bool p2p) {
+  client.id = roce_id(client);
+  ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, p2p ? 1 : 0));
+  ASSERT_TRUE(client.id->resolve_addr(random_loopback(7471)));
+  expect_event(*client.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(client.id->resolve_route());
+  expect_event(*client.channel, CmEventType::route_resolved);
+  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+}
+
 // A RoCE server listening on a random loopback address and a client connected to it.
 struct RocePair {
   Side server;
@@ -339,13 +350,7 @@ TEST(Roce, NobodyAtTheAddressIsUnreachable) {
   options.roce.cm_response_timeout = 14;
   options.roce.cm_max_retries = 2;
   Side client(options);
-  client.id = roce_id(client);
-  ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
-  ASSERT_TRUE(client.id->resolve_addr(random_loopback(7471)));
-  expect_event(*client.channel, CmEventType::addr_resolved);
-  ASSERT_TRUE(client.id->resolve_route());
-  expect_event(*client.channel, CmEventType::route_resolved);
-  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+  resolve_towards_nobody(client, false);
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(client.id->connect({}));
   expect_event(*client.channel, CmEventType::unreachable);
@@ -386,14 +391,8 @@ TEST(Roce, BacklogBoundsUndecidedRequests) {
 // 10 s default or the end of the CM's REQ retries.
 TEST(Roce, P2pAttemptEndsAtTheIdsConnectTimeout) {
   Side client;
-  client.id = roce_id(client);
-  ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, 1));
+  resolve_towards_nobody(client, true);
   ASSERT_TRUE(client.id->set_option(CmOption::connect_timeout, 300));
-  ASSERT_TRUE(client.id->resolve_addr(random_loopback(7471)));
-  expect_event(*client.channel, CmEventType::addr_resolved);
-  ASSERT_TRUE(client.id->resolve_route());
-  expect_event(*client.channel, CmEventType::route_resolved);
-  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(client.id->connect({}));
   const CmEvent failed = expect_event(*client.channel, CmEventType::connect_error);
