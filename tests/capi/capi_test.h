@@ -118,6 +118,38 @@ static inline int check_pattern(const uint8_t *buf, size_t len, uint32_t seed)
 	return 1;
 }
 
+/* A PD, a completion channel and a CQ (`cq_context`, 8 entries) on `id`'s device, and an RC
+ * QP of `wrs` send and receive WRs of one SGE on them; destroy_qp_and_verbs() undoes it. */
+static inline void create_rc_qp(struct rdma_cm_id *id, void *cq_context, uint32_t wrs, int sq_sig_all,
+				struct ibv_pd **pd, struct ibv_comp_channel **channel, struct ibv_cq **cq)
+{
+	struct ibv_qp_init_attr attr;
+
+	CHECK((*pd = ibv_alloc_pd(id->verbs)) != NULL);
+	CHECK((*channel = ibv_create_comp_channel(id->verbs)) != NULL);
+	CHECK((*cq = ibv_create_cq(id->verbs, 8, cq_context, *channel, 0)) != NULL);
+	memset(&attr, 0, sizeof attr);
+	attr.cap.max_send_wr = attr.cap.max_recv_wr = wrs;
+	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+	attr.send_cq = attr.recv_cq = *cq;
+	attr.qp_type = IBV_QPT_RC;
+	attr.sq_sig_all = sq_sig_all;
+	CHECK(rdma_create_qp(id, *pd, &attr) == 0);
+}
+
+/* The QP of `id` and the verbs objects it was made with, in the order verbs frees them
+ * (`mr` may be NULL). */
+static inline void destroy_qp_and_verbs(struct rdma_cm_id *id, struct ibv_mr *mr, struct ibv_cq *cq,
+					struct ibv_comp_channel *channel, struct ibv_pd *pd)
+{
+	if (mr)
+		CHECK(ibv_dereg_mr(mr) == 0);
+	rdma_destroy_qp(id);
+	CHECK(ibv_destroy_cq(cq) == 0);
+	CHECK(ibv_destroy_comp_channel(channel) == 0);
+	CHECK(ibv_dealloc_pd(pd) == 0);
+}
+
 /* A peer process: runs `body(port_pipe_write_end)`, which writes its listening port (uint16_t)
  * to the fd once it listens. Returns the child's pid; *port gets the port. */
 static inline pid_t spawn_peer(int (*body)(int port_fd), uint16_t *port)
@@ -146,6 +178,37 @@ static inline void tell_port(int port_fd, struct rdma_cm_id *listener)
 	CHECK(port != 0);
 	CHECK(write(port_fd, &port, sizeof port) == (ssize_t)sizeof port);
 	close(port_fd);
+}
+
+/* A listener on `address` (its port told through `port_fd`) and the id of the first
+ * CONNECT_REQUEST it takes. */
+static inline struct rdma_cm_id *take_one_request(struct rdma_event_channel *cm, const struct sockaddr_in *address,
+						  int port_fd, struct rdma_cm_id **listener)
+{
+	struct rdma_cm_event *event;
+	struct rdma_cm_id *id;
+
+	CHECK(rdma_create_id(cm, listener, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(*listener, (struct sockaddr *)address) == 0);
+	CHECK(rdma_listen(*listener, 4) == 0);
+	tell_port(port_fd, *listener);
+	event = expect_event(cm, RDMA_CM_EVENT_CONNECT_REQUEST);
+	id = event->id;
+	CHECK(rdma_ack_cm_event(event) == 0);
+	return id;
+}
+
+/* A new id of `cm` with its address and route resolved towards `address`. */
+static inline struct rdma_cm_id *resolve_towards(struct rdma_event_channel *cm, const struct sockaddr_in *address)
+{
+	struct rdma_cm_id *id;
+
+	CHECK(rdma_create_id(cm, &id, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)address, 2000) == 0);
+	CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_ADDR_RESOLVED)) == 0);
+	CHECK(rdma_resolve_route(id, 2000) == 0);
+	CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_ROUTE_RESOLVED)) == 0);
+	return id;
 }
 
 /* The peer process's exit status: 0 when it passed. */

@@ -50,10 +50,7 @@ static void setup_side(struct side *s, struct rdma_cm_id *id)
 
 static void teardown_side(struct side *s, struct rdma_cm_id *id)
 {
-	rdma_destroy_qp(id);
-	CHECK(ibv_destroy_cq(s->cq) == 0);
-	CHECK(ibv_destroy_comp_channel(s->channel) == 0);
-	CHECK(ibv_dealloc_pd(s->pd) == 0);
+	destroy_qp_and_verbs(id, NULL, s->cq, s->channel, s->pd);
 }
 
 static void post_recv(struct ibv_qp *qp, uint64_t wr_id, void *addr, uint32_t len, struct ibv_mr *mr)

@@ -18,17 +18,7 @@ struct endpoint {
 
 static void make_qp(struct endpoint *e)
 {
-	struct ibv_qp_init_attr attr;
-
-	CHECK((e->pd = ibv_alloc_pd(e->id->verbs)) != NULL);
-	CHECK((e->channel = ibv_create_comp_channel(e->id->verbs)) != NULL);
-	CHECK((e->cq = ibv_create_cq(e->id->verbs, 8, e, e->channel, 0)) != NULL);
-	memset(&attr, 0, sizeof attr);
-	attr.cap.max_send_wr = attr.cap.max_recv_wr = RECVS + 1;
-	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-	attr.send_cq = attr.recv_cq = e->cq;
-	attr.qp_type = IBV_QPT_RC;
-	CHECK(rdma_create_qp(e->id, e->pd, &attr) == 0);
+	create_rc_qp(e->id, e, RECVS + 1, 0, &e->pd, &e->channel, &e->cq);
 	CHECK((e->mr = ibv_reg_mr(e->pd, e->buf, sizeof e->buf, IBV_ACCESS_LOCAL_WRITE)) != NULL);
 	for (int i = 0; i < RECVS; i++) {
 		struct ibv_sge sge = { .addr = (uintptr_t)e->buf[i], .length = 64, .lkey = e->mr->lkey };
@@ -81,28 +71,17 @@ static void expect_flushed(struct endpoint *e)
 
 static void teardown(struct endpoint *e)
 {
-	CHECK(ibv_dereg_mr(e->mr) == 0);
-	rdma_destroy_qp(e->id);
-	CHECK(ibv_destroy_cq(e->cq) == 0);
-	CHECK(ibv_destroy_comp_channel(e->channel) == 0);
-	CHECK(ibv_dealloc_pd(e->pd) == 0);
+	destroy_qp_and_verbs(e->id, e->mr, e->cq, e->channel, e->pd);
 }
 
 static int server(int port_fd)
 {
 	static struct endpoint e;
 	struct rdma_cm_id *listener;
-	struct rdma_cm_event *event;
 	struct sockaddr_in addr = loopback(0);
 
 	CHECK((e.cm = rdma_create_event_channel()) != NULL);
-	CHECK(rdma_create_id(e.cm, &listener, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_bind_addr(listener, (struct sockaddr *)&addr) == 0);
-	CHECK(rdma_listen(listener, 4) == 0);
-	tell_port(port_fd, listener);
-	event = expect_event(e.cm, RDMA_CM_EVENT_CONNECT_REQUEST);
-	e.id = event->id;
-	CHECK(rdma_ack_cm_event(event) == 0);
+	e.id = take_one_request(e.cm, &addr, port_fd, &listener);
 	make_qp(&e);
 	CHECK(rdma_accept(e.id, NULL) == 0);
 	CHECK(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_ESTABLISHED)) == 0);
@@ -123,11 +102,7 @@ int main(void)
 	struct sockaddr_in addr = loopback(port);
 
 	CHECK((e.cm = rdma_create_event_channel()) != NULL);
-	CHECK(rdma_create_id(e.cm, &e.id, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_resolve_addr(e.id, NULL, (struct sockaddr *)&addr, 2000) == 0);
-	CHECK(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_ADDR_RESOLVED)) == 0);
-	CHECK(rdma_resolve_route(e.id, 2000) == 0);
-	CHECK(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_ROUTE_RESOLVED)) == 0);
+	e.id = resolve_towards(e.cm, &addr);
 	make_qp(&e);
 	CHECK(rdma_connect(e.id, NULL) == 0);
 	CHECK(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_ESTABLISHED)) == 0);

@@ -30,47 +30,39 @@ static struct sockaddr_in server_address; /* chosen before the fork: both sides 
 
 static void make_qp(struct endpoint *e)
 {
-	struct ibv_qp_init_attr attr;
-
-	CHECK((e->pd = ibv_alloc_pd(e->id->verbs)) != NULL);
-	CHECK((e->channel = ibv_create_comp_channel(e->id->verbs)) != NULL);
-	CHECK((e->cq = ibv_create_cq(e->id->verbs, 8, NULL, e->channel, 0)) != NULL);
-	memset(&attr, 0, sizeof attr);
-	attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
-	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
-	attr.send_cq = attr.recv_cq = e->cq;
-	attr.qp_type = IBV_QPT_RC;
-	attr.sq_sig_all = 1;
-	CHECK(rdma_create_qp(e->id, e->pd, &attr) == 0);
+	create_rc_qp(e->id, NULL, 4, 1, &e->pd, &e->channel, &e->cq);
 	CHECK((e->mr = ibv_reg_mr(e->pd, e, sizeof *e, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)) != NULL);
 }
 
 static void teardown(struct endpoint *e)
 {
-	CHECK(ibv_dereg_mr(e->mr) == 0);
-	rdma_destroy_qp(e->id);
-	CHECK(ibv_destroy_cq(e->cq) == 0);
-	CHECK(ibv_destroy_comp_channel(e->channel) == 0);
-	CHECK(ibv_dealloc_pd(e->pd) == 0);
+	destroy_qp_and_verbs(e->id, e->mr, e->cq, e->channel, e->pd);
+}
+
+/* The next receive completion: `wr_id`, `opcode`, with the immediate `imm` (host order here,
+ * network order in the completion) and `len` bytes. */
+static void expect_recv_with_imm(struct endpoint *e, uint64_t wr_id, enum ibv_wc_opcode opcode, uint32_t imm,
+				 uint32_t len)
+{
+	struct ibv_wc wc = wait_wc(e->cq, e->channel);
+
+	CHECK_EQ(wc.status, IBV_WC_SUCCESS);
+	CHECK_EQ(wc.wr_id, wr_id);
+	CHECK_EQ(wc.opcode, opcode);
+	CHECK(wc.wc_flags & IBV_WC_WITH_IMM);
+	CHECK_EQ(wc.imm_data, htonl(imm));
+	CHECK_EQ(wc.byte_len, len);
 }
 
 static int server(int port_fd)
 {
 	static struct endpoint e;
 	struct rdma_cm_id *listener;
-	struct rdma_cm_event *event;
 	struct region exposed;
 	struct rdma_conn_param param;
-	struct ibv_wc wc;
 
 	CHECK((e.cm = rdma_create_event_channel()) != NULL);
-	CHECK(rdma_create_id(e.cm, &listener, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_bind_addr(listener, (struct sockaddr *)&server_address) == 0);
-	CHECK(rdma_listen(listener, 4) == 0);
-	tell_port(port_fd, listener);
-	event = expect_event(e.cm, RDMA_CM_EVENT_CONNECT_REQUEST);
-	e.id = event->id;
-	CHECK(rdma_ack_cm_event(event) == 0);
+	e.id = take_one_request(e.cm, &server_address, port_fd, &listener);
 	make_qp(&e);
 	for (uint64_t i = 0; i < 2; i++) {
 		struct ibv_sge sge = { .addr = (uintptr_t)e.inbox, .length = LEN, .lkey = e.mr->lkey };
@@ -86,22 +78,9 @@ static int server(int port_fd)
 	CHECK(rdma_accept(e.id, &param) == 0);
 	CHECK(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_ESTABLISHED)) == 0);
 
-	wc = wait_wc(e.cq, e.channel);
-	CHECK_EQ(wc.status, IBV_WC_SUCCESS);
-	CHECK_EQ(wc.wr_id, 100);
-	CHECK_EQ(wc.opcode, IBV_WC_RECV);
-	CHECK(wc.wc_flags & IBV_WC_WITH_IMM);
-	CHECK_EQ(wc.imm_data, htonl(0x11223344));
-	CHECK_EQ(wc.byte_len, 100);
+	expect_recv_with_imm(&e, 100, IBV_WC_RECV, 0x11223344, 100);
 	CHECK(check_pattern(e.inbox, 100, 1));
-
-	wc = wait_wc(e.cq, e.channel);
-	CHECK_EQ(wc.status, IBV_WC_SUCCESS);
-	CHECK_EQ(wc.wr_id, 101);
-	CHECK_EQ(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
-	CHECK(wc.wc_flags & IBV_WC_WITH_IMM);
-	CHECK_EQ(wc.imm_data, htonl(0x55667788));
-	CHECK_EQ(wc.byte_len, LEN);
+	expect_recv_with_imm(&e, 101, IBV_WC_RECV_RDMA_WITH_IMM, 0x55667788, LEN);
 	CHECK(check_pattern(e.target, LEN, 2));
 
 	CHECK(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_DISCONNECTED)) == 0);
@@ -133,11 +112,7 @@ int main(void)
 	server_address.sin_port = htons(port);
 
 	CHECK((e.cm = rdma_create_event_channel()) != NULL);
-	CHECK(rdma_create_id(e.cm, &e.id, NULL, RDMA_PS_TCP) == 0);
-	CHECK(rdma_resolve_addr(e.id, NULL, (struct sockaddr *)&server_address, 2000) == 0);
-	CHECK(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_ADDR_RESOLVED)) == 0);
-	CHECK(rdma_resolve_route(e.id, 2000) == 0);
-	CHECK(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_ROUTE_RESOLVED)) == 0);
+	e.id = resolve_towards(e.cm, &server_address);
 	make_qp(&e);
 	CHECK(rdma_connect(e.id, NULL) == 0);
 	event = expect_event(e.cm, RDMA_CM_EVENT_ESTABLISHED);

@@ -148,6 +148,23 @@ std::vector<std::vector<MeshConnection>> all_connections(const std::vector<RankR
   return out;
 }
 
+// A naive all-to-all of `n` ranks, two messages each way: everything delivered, one or two
+// connections per pair, and each extra connection counted as a duplicate at both its ends.
+void check_naive_all_to_all(const std::vector<RankResult>& results, int n) {
+  check_all_to_all(results, n, 2);
+  const auto pairs = connections_by_pair(all_connections(results));
+  const auto expected_pairs = static_cast<std::uint64_t>(n * (n - 1) / 2);
+  EXPECT_EQ(pairs.size(), expected_pairs);
+  std::uint64_t distinct = 0, duplicates = 0;
+  for (const auto& [pair, conns] : pairs) {
+    EXPECT_GE(conns.size(), 1u);
+    EXPECT_LE(conns.size(), 2u);
+    distinct += conns.size();
+  }
+  for (const auto& r : results) duplicates += r.stats.duplicates;
+  EXPECT_EQ(duplicates, 2 * (distinct - expected_pairs));
+}
+
 TEST(Mesh, ModelNames) {
   for (MeshModel m : {MeshModel::p2p, MeshModel::static_order, MeshModel::naive})
     EXPECT_EQ(parse_mesh_model(to_string(m)), m);
@@ -245,35 +262,12 @@ TEST(Mesh, RoceStaticAndNaiveAllToAll) {
   for (const auto& [pair, conns] : pairs) EXPECT_EQ(conns.size(), 1u) << pair.first << "-" << pair.second;
   for (const auto& r : results) EXPECT_EQ(r.stats.duplicates, 0u);
 
-  results = all_to_all(MeshModel::naive, n, 2, 100, Transport::roce);
-  check_all_to_all(results, n, 2);
-  pairs = connections_by_pair(all_connections(results));
-  EXPECT_EQ(pairs.size(), 6u);
-  std::uint64_t distinct = 0, duplicates = 0;
-  for (const auto& [pair, conns] : pairs) {
-    EXPECT_GE(conns.size(), 1u);
-    EXPECT_LE(conns.size(), 2u);
-    distinct += conns.size();
-  }
-  for (const auto& r : results) duplicates += r.stats.duplicates;
-  EXPECT_EQ(duplicates, 2 * (distinct - 6));
+  check_naive_all_to_all(all_to_all(MeshModel::naive, n, 2, 100, Transport::roce), n);
 }
 
 TEST(Mesh, NaiveAllToAllDeliversEverythingAndCountsDuplicates) {
   const int n = 4;
-  auto results = all_to_all(MeshModel::naive, n, 2, 100);
-  check_all_to_all(results, n, 2);
-  const auto pairs = connections_by_pair(all_connections(results));
-  EXPECT_EQ(pairs.size(), 6u);
-  std::uint64_t distinct = 0, duplicates = 0;
-  for (const auto& [pair, conns] : pairs) {
-    EXPECT_GE(conns.size(), 1u);
-    EXPECT_LE(conns.size(), 2u);
-    distinct += conns.size();
-  }
-  for (const auto& r : results) duplicates += r.stats.duplicates;
-  // Each extra connection of a pair is counted as a duplicate at both of its ends.
-  EXPECT_EQ(duplicates, 2 * (distinct - 6));
+  check_naive_all_to_all(all_to_all(MeshModel::naive, n, 2, 100), n);
 }
 
 // Sends queued before the connection exists go out in order once it is established, beyond
