@@ -3,10 +3,13 @@
 // of Sends, Read Responses, Read Requests and Terminates in stream order.
 //
 // CRC off: a segment is checked at its header and its payload placed as it arrives, also
-// straight from the socket (receive_target / handle_placed). CRC on: the payload is staged
-// and nothing is checked or placed before the FPDU's CRC verified (RFC 5044 §7.2).
+// straight from the socket (receive_target / handle_placed). CRC on: nothing is checked or
+// placed before the FPDU's CRC verified (RFC 5044 §7.2). The payload waits where it was
+// read as long as the caller's buffer holds it, and is placed from there; only the part of
+// an FPDU that a read cut off is copied aside (staged) until the rest arrives.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/qp_memory.hpp"
 #include "core/queue_pair_engine.hpp"
@@ -65,6 +68,9 @@ std::size_t QueuePairEngine::handle_bytes(std::span<const std::uint8_t> bytes) {
         break;
     }
   }
+  // The caller's buffer is reused once this returns: keep what is still unchecked.
+  if (rx_dead_) unchecked_ = {};
+  stage_unchecked_payload();
   after_input();
   return used;
 }
@@ -115,31 +121,44 @@ void QueuePairEngine::on_segment_header(const wire::SegmentHeader& header, std::
   rx_.header = header;
   rx_.length = payload_length;
   staged_ = 0;
-  if (params_.crc) {
-    // Checked once the CRC is verified (on_segment_end); until then the payload waits here.
-    if (staging_capacity_ < payload_length) {
-      staging_.reset(new std::uint8_t[payload_length]);  // no zero fill: every byte is written first
-      staging_capacity_ = payload_length;
-    }
-    return;
-  }
+  unchecked_ = {};
+  if (params_.crc) return;  // checked once the CRC is verified (on_segment_end)
   begin_segment(rx_.header, payload_length);
 }
 
 void QueuePairEngine::on_segment_payload(std::span<const std::uint8_t> payload) {
-  if (params_.crc) {
-    const std::size_t n = std::min(payload.size(), staging_capacity_ - staged_);
-    if (n > 0) std::memcpy(staging_.get() + staged_, payload.data(), n);
-    staged_ += n;
+  if (!params_.crc) {
+    place(payload);
     return;
   }
-  place(payload);
+  // The decoder hands out consecutive slices of one input buffer: one span covers them.
+  if (!unchecked_.empty() && unchecked_.data() + unchecked_.size() == payload.data()) {
+    unchecked_ = std::span<const std::uint8_t>(unchecked_.data(), unchecked_.size() + payload.size());
+    return;
+  }
+  stage_unchecked_payload();
+  unchecked_ = payload;
+}
+
+void QueuePairEngine::stage_unchecked_payload() {
+  if (unchecked_.empty()) return;
+  if (staging_capacity_ < rx_.length) {
+    staging_.reset(new std::uint8_t[rx_.length]);  // no zero fill: every byte is written first
+    staging_capacity_ = rx_.length;
+  }
+  const std::size_t n = std::min(unchecked_.size(), staging_capacity_ - staged_);
+  std::memcpy(staging_.get() + staged_, unchecked_.data(), n);
+  staged_ += n;
+  unchecked_ = {};
 }
 
 void QueuePairEngine::on_segment_end() {
   if (params_.crc) {
+    const std::span<const std::uint8_t> unstaged = std::exchange(unchecked_, {});
     if (!begin_segment(rx_.header, rx_.length)) return;
-    place(std::span<const std::uint8_t>(staging_.get(), staged_));
+    // Staged bytes came first in the stream, then those still in the input buffer.
+    if (staged_ > 0) place(std::span<const std::uint8_t>(staging_.get(), staged_));
+    place(unstaged);
     if (staging_capacity_ > kKeptStaging) {
       staging_.reset();
       staging_capacity_ = 0;

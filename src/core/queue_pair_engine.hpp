@@ -239,6 +239,7 @@ class QueuePairEngine {
   void complete_read();
   void handle_terminate(const wire::SegmentHeader& header);
   void capture_raw(std::span<const std::uint8_t> bytes);
+  void stage_unchecked_payload();
 
   // qp_terminate.cpp
   void terminate_inbound(wire::TerminateCode code);  // with the offending segment's headers
@@ -302,9 +303,12 @@ class QueuePairEngine {
   bool rx_dead_ = false;
   bool first_fpdu_seen_ = false;
   RxSegment rx_;
+  // CRC on: the current segment's payload not yet checked. `unchecked_` is the part still in
+  // the buffer handle_bytes() was given (valid during that call only); what a call leaves
+  // unchecked is copied into `staging_` first (staged_ bytes). Staging is sized per segment
+  // and released after a large one, so an idle connection holds at most kKeptStaging bytes.
+  std::span<const std::uint8_t> unchecked_;
   std::size_t staged_ = 0;
-  // CRC on: a segment's payload, placed once the CRC checked. Sized per segment and released
-  // after a large one, so an idle connection holds at most kKeptStaging bytes.
   std::unique_ptr<std::uint8_t[]> staging_;
   std::size_t staging_capacity_ = 0;
   std::array<std::uint8_t, wire::kUlpduLengthSize + wire::kMaxSegmentHeaderSize> raw_{};
