@@ -190,9 +190,10 @@ Reactor::TimerId Reactor::add_timer(Clock::time_point deadline, TimerCallback ca
   // multimap inserts at the upper bound of equal keys: equal deadlines fire FIFO.
   const auto it = timers_.emplace(deadline, Timer{id, std::move(callback)});
   timer_index_.emplace(id, it);
-  // A run_once() sleeping past this deadline must recompute its timeout. We hold the
-  // owner mutex, so sleepers_/sleep_deadline_ are stable here.
-  if (sleepers_ > 0 && deadline < sleep_deadline_) wake();
+  // A run_once() sleeping past this deadline must recompute its timeout. We hold the owner
+  // mutex: no thread can start sleeping meanwhile, and one that stopped (sleepers_ lowered)
+  // recomputes its timeout under the mutex, after this timer is in.
+  if (sleepers_.load(std::memory_order_relaxed) > 0 && deadline < sleep_deadline_) wake();
   return id;
 }
 
@@ -220,12 +221,15 @@ void Reactor::run_once(std::unique_lock<std::mutex>& lock, std::chrono::millisec
 
   std::array<epoll_event, kMaxEvents> events;
   const Clock::time_point my_deadline = before + std::chrono::duration_cast<Clock::duration>(timeout);
-  sleep_deadline_ = sleepers_ == 0 ? my_deadline : std::max(sleep_deadline_, my_deadline);
-  ++sleepers_;
+  sleep_deadline_ = sleepers_.load(std::memory_order_relaxed) == 0 ? my_deadline : std::max(sleep_deadline_, my_deadline);
+  sleepers_.fetch_add(1, std::memory_order_relaxed);
   lock.unlock();
   int ready = wait_for_events(epoll_fd_, events.data(), kMaxEvents, timeout);
+  // Awake from here on: whatever is added while this thread waits for the mutex, it sees
+  // when it computes its next timeout, so add_timer() need not wake it again (it would, for
+  // every timer added by a thread holding the mutex meanwhile).
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
   lock.lock();
-  --sleepers_;
   if (ready < 0) ready = 0;  // EINTR: just run the due timers and return
 
   for (int i = 0; i < ready; ++i) {
@@ -266,6 +270,7 @@ void Reactor::dispatch_timers(Clock::time_point now) {
 }
 
 void Reactor::wake() {
+  wakes_.fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t one = 1;
   ssize_t written = 0;
   do {

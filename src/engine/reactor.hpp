@@ -108,6 +108,9 @@ class Reactor {
 
   std::size_t registered_fds() const;
   std::size_t pending_timers() const;
+  // Thread-safe counters, for tests: threads asleep in epoll now, and wake() calls so far.
+  unsigned sleeping_threads() const { return sleepers_.load(std::memory_order_relaxed); }
+  std::uint64_t wake_count() const { return wakes_.load(std::memory_order_relaxed); }
 
  private:
   struct Registration {
@@ -147,9 +150,11 @@ class Reactor {
   std::unordered_map<TimerId, TimerQueue::iterator> timer_index_;
   std::vector<TimerId> due_scratch_;
 
-  // Guarded by owner_: how many run_once() calls sleep in epoll_wait, and until when.
-  unsigned sleepers_ = 0;
+  // How many run_once() calls sleep in epoll_wait (raised under owner_ before the wait,
+  // lowered as soon as it returns), and until when (guarded by owner_).
+  std::atomic<unsigned> sleepers_{0};
   Clock::time_point sleep_deadline_{};
+  std::atomic<std::uint64_t> wakes_{0};
 
   // Progress thread. thread_ and thread_generation_ are guarded by thread_mutex_ (never
   // held while joining); the thread runs while run_generation_ equals its generation, so a

@@ -632,6 +632,51 @@ TEST_F(ReactorTest, EarlierTimerWakesTheSleepingProgressThread) {
   lock.lock();
 }
 
+// A thread woken by an fd that waits for the mutex computes its next sleep after taking it:
+// timers added meanwhile need no wake-up of their own (a burst of connects would otherwise
+// write the eventfd once per connect), and still fire on time.
+TEST_F(ReactorTest, TimersAddedWhileTheWokenThreadWaitsForTheMutexFireWithoutMoreWakeUps) {
+  Pipe pipe;
+  bool read = false;
+  ASSERT_TRUE(reactor.add(pipe.r, kIn, [&](std::uint32_t) {
+    pipe.drain();
+    read = true;
+  }));
+  reactor.start_thread();
+  lock.unlock();
+  const auto asleep_by = Clock::now() + 2s;
+  while (reactor.sleeping_threads() == 0 && Clock::now() < asleep_by) std::this_thread::sleep_for(1ms);
+  lock.lock();
+  ASSERT_EQ(reactor.sleeping_threads(), 1u);
+  pipe.put();  // the thread leaves epoll and blocks on the mutex we hold
+  const auto awake_by = Clock::now() + 2s;
+  while (reactor.sleeping_threads() != 0 && Clock::now() < awake_by) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(reactor.sleeping_threads(), 0u);
+
+  const std::uint64_t wakes_before = reactor.wake_count();
+  std::condition_variable cv;
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + 20ms;
+  int fired = 0;
+  Clock::time_point first{};
+  for (int i = 0; i < 50; ++i) {
+    reactor.add_timer(deadline + std::chrono::microseconds(i), [&] {
+      if (fired++ == 0) first = Clock::now();
+      cv.notify_all();
+    });
+  }
+  EXPECT_EQ(reactor.wake_count(), wakes_before);
+  ASSERT_TRUE(cv.wait_for(lock, 3s, [&] { return fired == 50; }));
+  EXPECT_TRUE(read);
+  EXPECT_GE(first, deadline);
+  EXPECT_LT(first - t0, 500ms);  // loose: a lost wake-up would leave them unfired
+
+  reactor.remove(pipe.r);
+  lock.unlock();
+  reactor.stop_thread();
+  lock.lock();
+}
+
 TEST_F(ReactorTest, StopThreadFromItsOwnCallbackThenRestartFromOutside) {
   std::condition_variable cv;
   bool stopped = false;
