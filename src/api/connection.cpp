@@ -225,6 +225,7 @@ void Connection::receive() {
     if (n < 0 && errno == EINTR) continue;
     // EOF or a socket error.
     peer_closed_ = n == 0;
+    socket_failed_ = n < 0;
     if (phase_ == Phase::mpa) {
       if (initiator_) initiator_->handle_connection_closed();
       if (responder_) responder_->handle_connection_closed();
@@ -456,10 +457,12 @@ void Connection::abort() {
   if (fd_ < 0) return;
   linger hard{1, 0};
   ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
-  close_socket();
+  // A setup given up (a losing p2p attempt) ends with the RST alone; an established
+  // connection still sends its FIN first.
+  close_socket(/*send_fin=*/phase_ == Phase::running || phase_ == Phase::closing);
 }
 
-void Connection::close_socket() {
+void Connection::close_socket(bool send_fin) {
   if (fd_ < 0) return;
   if (mpa_timer_) {
     ctx_->reactor.cancel_timer(*mpa_timer_);
@@ -467,7 +470,8 @@ void Connection::close_socket() {
   }
   ctx_->reactor.remove(fd_);
   registered_ = false;
-  ::shutdown(fd_, SHUT_WR);
+  // After the peer's FIN close() sends ours, and a reset socket sends nothing: no shutdown().
+  if (send_fin && !peer_closed_ && !socket_failed_) ::shutdown(fd_, SHUT_WR);
   ::close(fd_);
   fd_ = -1;
   phase_ = Phase::closed;

@@ -82,7 +82,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start_engine();
   void arm_mpa_timer(std::chrono::steady_clock::time_point deadline);
   void update_interest();
-  void close_socket();
+  void close_socket(bool send_fin = true);
 
   std::shared_ptr<ContextImpl> ctx_;
   int fd_;
@@ -102,6 +102,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool header_sized_reads_ = false;
   bool registered_ = false;
   bool peer_closed_ = false;
+  bool socket_failed_ = false;  // a read failed (RST, error)
   bool closed_notified_ = false;
   bool heard_from_peer_ = false;  // a byte arrived during setup
   std::chrono::steady_clock::time_point opened_at_ = std::chrono::steady_clock::now();
