@@ -181,7 +181,9 @@ void Reactor::run_direct_pass() {
     const auto it = registrations_.find(id);
     if (it == registrations_.end()) continue;  // removed by an earlier callback
     const std::shared_ptr<Registration> registration = it->second;
-    registration->callback(EPOLLIN);
+    // A sender waiting for room (EPOLLOUT in its interest) tries again too: a responder
+    // streaming Read Responses would otherwise send only on every kEpollEvery-th pass.
+    registration->callback(EPOLLIN | (registration->events & EPOLLOUT));
   }
 }
 

@@ -58,10 +58,11 @@ class Reactor {
   // ENOENT if `fd` is not registered.
   Status<std::errc> modify(int fd, std::uint32_t epoll_events);
   // Poller passes (run_once with no wait) call this fd's callback with EPOLLIN themselves,
-  // without asking epoll, while at most kMaxDirectFds fds are marked; every kEpollEvery-th
-  // pass still asks epoll for all fds. A busy-polling thread then reads its data with one
-  // system call instead of two (epoll, then the read). The callback must take an EPOLLIN
-  // that finds nothing to read. No-op for an unknown fd.
+  // plus EPOLLOUT while its interest includes EPOLLOUT, without asking epoll, while at most
+  // kMaxDirectFds fds are marked; every kEpollEvery-th pass still asks epoll for all fds. A
+  // busy-polling thread then reads its data with one system call instead of two (epoll,
+  // then the read). The callback must take an EPOLLIN that finds nothing to read and an
+  // EPOLLOUT that finds no room. No-op for an unknown fd.
   void poll_directly(int fd, bool on);
   static constexpr std::size_t kMaxDirectFds = 2;
   static constexpr unsigned kEpollEvery = 8;

@@ -411,6 +411,26 @@ TEST_F(ReactorTest, PollerPassesCallADirectFdWithoutAskingEpoll) {
   reactor.remove(p.r);
 }
 
+TEST_F(ReactorTest, DirectPassesOfferEpolloutOnlyWhileItIsInTheInterest) {
+  Pipe p;
+  std::vector<std::uint32_t> seen;
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t ev) { seen.push_back(ev); }));
+  reactor.poll_directly(p.r, true);
+  reactor.run_once(lock, 0ms);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0], kIn);
+  // A sender waiting for room: its direct passes try to write as well as to read.
+  ASSERT_TRUE(reactor.modify(p.r, kIn | kOut));
+  reactor.run_once(lock, 0ms);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1], kIn | kOut);
+  ASSERT_TRUE(reactor.modify(p.r, kIn));
+  reactor.run_once(lock, 0ms);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[2], kIn);
+  reactor.remove(p.r);
+}
+
 TEST_F(ReactorTest, OtherFdsAndTimersStillRunDuringDirectPasses) {
   Pipe direct, other;
   ASSERT_TRUE(reactor.add(direct.r, kIn, [&](std::uint32_t) { direct.drain(); }));
