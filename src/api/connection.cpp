@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "engine/tcp_mss.hpp"
 #include "wire/fpdu.hpp"
 
 namespace peercm::detail {
@@ -28,13 +29,6 @@ core::Time core_now() { return core::Time(std::chrono::steady_clock::now().time_
 void set_socket_options(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-std::size_t emss_of(int fd) {
-  int mss = 0;
-  socklen_t len = sizeof mss;
-  if (::getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &len) != 0 || mss <= 0) return 1460;
-  return static_cast<std::size_t>(mss);
 }
 
 }  // namespace
@@ -354,7 +348,7 @@ void Connection::start_engine() {
   const core::MpaResult& r = *result_;
   core::StreamParams params;
   params.crc = r.crc;
-  params.mulpdu = wire::mulpdu_for_emss(emss_of(fd_));
+  params.mulpdu = wire::mulpdu_for_emss(engine::effective_mss(fd_));
   params.ird = r.ird;
   params.ord = r.ord;
   params.responder = responder_.has_value();

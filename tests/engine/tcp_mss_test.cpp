@@ -1,0 +1,56 @@
+// The EMSS that sizes FPDUs: the path's, also while Linux still bounds a new connection's MSS
+// by half of the handshake's unscaled window.
+#include "engine/tcp_mss.hpp"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace peercm::engine {
+namespace {
+
+TEST(EffectiveMss, BelowTheWindowBoundTheSocketsMssStands) {
+  EXPECT_EQ(effective_mss(1448, 1500), 1448u);
+  EXPECT_EQ(effective_mss(8948, 9000), 8948u);
+  EXPECT_EQ(effective_mss(1448, 65536), 1448u) << "a peer's smaller MSS is not overridden";
+}
+
+TEST(EffectiveMss, AtTheWindowBoundThePathMtuDecides) {
+  EXPECT_EQ(effective_mss(32768, 65536), static_cast<std::size_t>(65536 - kTcpIpHeaders));
+  EXPECT_EQ(effective_mss(32768, std::nullopt), 32768u);
+  EXPECT_EQ(effective_mss(32768, 16000), 32768u) << "never below what TCP reports";
+}
+
+// Loopback's MTU is 64 KiB: a fresh connection reports 32 KiB, its path allows twice that.
+TEST(EffectiveMss, LoopbackConnectionGetsItsPathsMss) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof address;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &len), 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(client, 0);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const int accepted = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(accepted, 0);
+  int mtu = 0;
+  len = sizeof mtu;
+  ASSERT_EQ(::getsockopt(client, IPPROTO_IP, IP_MTU, &mtu, &len), 0);
+  if (mtu <= 2 * kHandshakeWindowBoundMss) GTEST_SKIP() << "loopback MTU " << mtu << " is not above 64 KiB";
+  EXPECT_EQ(effective_mss(client), static_cast<std::size_t>(mtu - kTcpIpHeaders));
+  EXPECT_EQ(effective_mss(accepted), static_cast<std::size_t>(mtu - kTcpIpHeaders));
+  ::close(accepted);
+  ::close(client);
+  ::close(listener);
+}
+
+TEST(EffectiveMss, NotASocketFallsBackTo1460) { EXPECT_EQ(effective_mss(-1), 1460u); }
+
+}  // namespace
+}  // namespace peercm::engine
