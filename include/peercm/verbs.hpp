@@ -63,6 +63,11 @@ struct ContextOptions {
   // disconnecting, and an event queued at that moment would be purged with the id after a
   // poll() had already seen the channel readable (rdma_get_cm_event would then block).
   std::chrono::milliseconds timewait{200};
+  // The process's descriptor table is grown to hold this many descriptors when the context
+  // opens (capped by RLIMIT_NOFILE; 0 leaves it alone). Linux grows it by doubling, and in
+  // a multi-threaded process each growth waits for an RCU grace period, which a burst of
+  // connections would otherwise pay in the middle of its setup (docs/performance.md).
+  int reserved_descriptors = 4096;
   RoceOptions roce;
 };
 

@@ -6,6 +6,7 @@
 
 #include "api/context_impl.hpp"
 #include "api/roce/roce_device.hpp"
+#include "engine/descriptor_table.hpp"
 
 namespace peercm {
 namespace detail {
@@ -25,6 +26,8 @@ ContextImpl::ContextImpl(const ContextOptions& options)
       timewait(options.timewait),
       p2p(std::make_unique<P2pDriver>(*this)),
       roce_options(options.roce) {
+  // Before the progress thread starts: a process still single-threaded grows it for free.
+  engine::reserve_descriptor_table(options.reserved_descriptors);
   if (mode == ProgressMode::thread) reactor.start_thread();
 }
 

@@ -169,14 +169,14 @@ void Reactor::poll_directly(int fd, bool on) {
   const auto it = id_by_fd_.find(fd);
   if (it == id_by_fd_.end()) return;
   forget_direct(it->second);
-  if (on) direct_ids_.push_back(it->second);
+  if (on) direct_ids_.insert(it->second);
 }
 
-void Reactor::forget_direct(std::uint64_t id) { std::erase(direct_ids_, id); }
+void Reactor::forget_direct(std::uint64_t id) { direct_ids_.erase(id); }
 
 void Reactor::run_direct_pass() {
   // Callbacks may remove registrations (their own included): take them first.
-  direct_scratch_ = direct_ids_;
+  direct_scratch_.assign(direct_ids_.begin(), direct_ids_.end());
   for (const std::uint64_t id : direct_scratch_) {
     const auto it = registrations_.find(id);
     if (it == registrations_.end()) continue;  // removed by an earlier callback

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -141,7 +142,9 @@ class Reactor {
   std::uint64_t next_registration_id_ = 1;
   std::unordered_map<std::uint64_t, std::shared_ptr<Registration>> registrations_;
   std::unordered_map<int, std::uint64_t> id_by_fd_;
-  std::vector<std::uint64_t> direct_ids_;  // poll_directly() registrations
+  // poll_directly() registrations, in registration order. A set: every connection of a
+  // context is marked, and each add and remove looks its id up here.
+  std::set<std::uint64_t> direct_ids_;
   std::vector<std::uint64_t> direct_scratch_;
   unsigned poller_passes_ = 0;
 
