@@ -513,6 +513,7 @@ Status<std::errc> CmId::listen(int backlog) {
   if (fd < 0) return fail(static_cast<std::errc>(errno));
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  detail::set_socket_options(fd);  // inherited by every accepted socket
   sockaddr_in address = impl.bound_address.value_or(sockaddr_in{.sin_family = AF_INET});
   if (backlog <= 0) backlog = SOMAXCONN;
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 || ::listen(fd, backlog) != 0) {

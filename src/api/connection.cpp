@@ -26,10 +26,14 @@ constexpr std::size_t kMaxEarlyBytes = 64 * 1024;
 
 core::Time core_now() { return core::Time(std::chrono::steady_clock::now().time_since_epoch()); }
 
+}  // namespace
+
 void set_socket_options(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
+
+namespace {
 
 }  // namespace
 
@@ -73,7 +77,7 @@ Result<std::shared_ptr<Connection>, std::errc> Connection::open(std::shared_ptr<
       errno != EINPROGRESS) {
     return fail(static_cast<std::errc>(errno));  // the destructor closes fd
   }
-  conn->want_write_ = true;
+  conn->send_request_early();
   conn->register_io();
   // The whole setup, TCP included, is bounded by the connect timeout.
   conn->arm_mpa_timer(std::chrono::steady_clock::now() + config.timeout);
@@ -83,7 +87,7 @@ Result<std::shared_ptr<Connection>, std::errc> Connection::open(std::shared_ptr<
 Result<std::shared_ptr<Connection>, std::errc> Connection::adopt(std::shared_ptr<ContextImpl> ctx, int fd,
                                                                  const sockaddr_in& peer, const core::MpaConfig& config,
                                                                  Callbacks callbacks) {
-  set_socket_options(fd);
+  // No set_socket_options(): an accepted socket inherits TCP_NODELAY from its listener.
   auto conn = std::make_shared<Connection>(ctx, fd, std::move(callbacks));
   conn->peer_ = peer;
   conn->config_ = config;
@@ -137,17 +141,39 @@ void Connection::on_mpa_timeout() {
 void Connection::on_io(std::uint32_t events) {
   auto self = shared_from_this();  // callbacks may drop the owner's reference
   if (phase_ == Phase::tcp_connecting) {
-    if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) on_connected();
+    if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) on_connected(events);
     return;
   }
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) receive();
   if (fd_ >= 0 && (events & EPOLLOUT)) transmit();
 }
 
-void Connection::on_connected() {
-  int error = 0;
-  socklen_t len = sizeof error;
-  ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &len);
+// A handshake that completed inside connect() (loopback does, as does any path where the
+// SYN-ACK is back before connect() returns) leaves the socket writable at once: the Request
+// goes out now, and no EPOLLOUT round (and no epoll_ctl to drop it after) is needed. A socket
+// still connecting refuses with EAGAIN and waits for EPOLLOUT as usual. A refused connect
+// reports its error here, once (the send clears SO_ERROR), so it is kept for on_connected().
+void Connection::send_request_early() {
+  const std::span<const std::uint8_t> request = initiator_->pending_transmit();
+  const ssize_t n = ::send(fd_, request.data(), request.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) early_connect_error_ = errno;
+    want_write_ = true;
+    return;
+  }
+  initiator_->consume_transmit(static_cast<std::size_t>(n));
+  phase_ = Phase::mpa;
+  want_write_ = !initiator_->pending_transmit().empty();
+}
+
+void Connection::on_connected(std::uint32_t events) {
+  int error = early_connect_error_;
+  // A connect that failed reports EPOLLERR (refused, unreachable) with the reason in
+  // SO_ERROR; plain writability means connected, and costs no getsockopt().
+  if (error == 0 && (events & (EPOLLERR | EPOLLHUP))) {
+    socklen_t len = sizeof error;
+    ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &len);
+  }
   if (error != 0) {
     close_socket();
     if (auto callback = callbacks_.tcp_failed) callback(error);

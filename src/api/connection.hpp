@@ -19,6 +19,10 @@
 
 namespace peercm::detail {
 
+// TCP_NODELAY, so that FPDUs leave as they are framed. A listener with it passes it on to
+// the sockets it accepts (Linux copies it into each), which then need no call of their own.
+void set_socket_options(int fd);
+
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   struct Callbacks {
@@ -70,7 +74,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   void register_io();
   void on_io(std::uint32_t events);
-  void on_connected();
+  void send_request_early();
+  void on_connected(std::uint32_t events);
   void on_mpa_timeout();
   void receive();
   void receive_mpa(std::span<const std::uint8_t> bytes);
@@ -99,6 +104,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::uint8_t> early_bytes_;  // FPDU bytes that arrived before the QP started
   std::optional<engine::Reactor::TimerId> mpa_timer_;
   bool want_write_ = false;
+  int early_connect_error_ = 0;  // what the early Request's send() reported (send_request_early)
   bool header_sized_reads_ = false;
   bool registered_ = false;
   bool peer_closed_ = false;

@@ -1,9 +1,11 @@
-// The EMSS that sizes FPDUs: the path's, also while Linux still bounds a new connection's MSS
-// by half of the handshake's unscaled window.
+// What the connection layer relies on from TCP sockets: the EMSS that sizes FPDUs (the
+// path's, also while Linux still bounds a new connection's MSS by half of the handshake's
+// unscaled window), and TCP_NODELAY passing from a listener to the sockets it accepts.
 #include "engine/tcp_mss.hpp"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/tcp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -51,6 +53,33 @@ TEST(EffectiveMss, LoopbackConnectionGetsItsPathsMss) {
 }
 
 TEST(EffectiveMss, NotASocketFallsBackTo1460) { EXPECT_EQ(effective_mss(-1), 1460u); }
+
+// api/connection.cpp sets TCP_NODELAY on listeners only; accepted sockets must inherit it.
+TEST(AcceptedSocket, InheritsNodelayFromItsListener) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  int one = 1;
+  ASSERT_EQ(::setsockopt(listener, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof address;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &len), 0);
+  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(client, 0);
+  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const int accepted = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(accepted, 0);
+  int nodelay = 0;
+  len = sizeof nodelay;
+  ASSERT_EQ(::getsockopt(accepted, IPPROTO_TCP, TCP_NODELAY, &nodelay, &len), 0);
+  EXPECT_NE(nodelay, 0);
+  ::close(accepted);
+  ::close(client);
+  ::close(listener);
+}
 
 }  // namespace
 }  // namespace peercm::engine
