@@ -186,8 +186,10 @@ void Connection::on_connected(std::uint32_t events) {
 void Connection::receive() {
   // One receive buffer per context (every connection is served under its lock): an idle
   // connection owns no buffer.
-  std::vector<std::uint8_t>& rx_buffer = ctx_->receive_scratch;
-  if (rx_buffer.empty()) rx_buffer.resize(kReceiveBufferSize);
+  // Not zero-filled: a fresh 256 KiB filled with zeros cost a context's first receive
+  // 170 us of page faults; unfilled, only the pages reads reach are ever touched.
+  if (!ctx_->receive_scratch) ctx_->receive_scratch.reset(new std::uint8_t[kReceiveBufferSize]);
+  const std::span<std::uint8_t> rx_buffer(ctx_->receive_scratch.get(), kReceiveBufferSize);
   // Bounded so one busy connection cannot starve the others of the reactor.
   for (int round = 0; round < 16 && fd_ >= 0; ++round) {
     if (phase_ == Phase::running && qp_) {

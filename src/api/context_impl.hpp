@@ -61,7 +61,7 @@ struct ContextImpl {
   ProgressMode mode;
   std::chrono::milliseconds timewait;
   CmStats stats;
-  std::vector<std::uint8_t> receive_scratch;  // shared by the context's connections
+  std::unique_ptr<std::uint8_t[]> receive_scratch;  // shared by the context's connections
   std::uint16_t p2p_listen_port = 0;  // advertised in CM headers: the first listener's port
   std::unique_ptr<P2pDriver> p2p;
   // QPs made without a CmId (QueuePair::create), by number: rdma_cm's conn_param.qp_num.

@@ -89,7 +89,7 @@ RoceDevice::RoceDevice(ContextImpl& context, const RoceOptions& options)
       faults_(options.faults, sender_),
       next_comm_id_(random_u32() | 1),
       next_service_port_(static_cast<std::uint16_t>(49152 + random_u32() % 8192)),
-      buffers_(kBatch * kBufferSize) {}
+      buffers_(new std::uint8_t[kBatch * kBufferSize]) {}  // not zero-filled: reads write it
 
 RoceDevice::~RoceDevice() {
   if (timer_) ctx.reactor.cancel_timer(*timer_);
@@ -263,7 +263,7 @@ void RoceDevice::on_readable(RocePort& port) {
   bool any = false;
   for (int batch = 0; batch < 8; ++batch) {
     for (std::size_t i = 0; i < kBatch; ++i) {
-      message_iovs_[i] = iovec{buffers_.data() + i * kBufferSize, kBufferSize};
+      message_iovs_[i] = iovec{buffers_.get() + i * kBufferSize, kBufferSize};
       messages_[i] = mmsghdr{};
       messages_[i].msg_hdr.msg_iov = &message_iovs_[i];
       messages_[i].msg_hdr.msg_iovlen = 1;
@@ -279,7 +279,7 @@ void RoceDevice::on_readable(RocePort& port) {
     for (std::size_t i = 0; i < static_cast<std::size_t>(received); ++i) {
       const msghdr& header = messages_[i].msg_hdr;
       if (header.msg_flags & MSG_TRUNC) continue;  // larger than any datagram we send
-      const std::span<const std::uint8_t> bytes(buffers_.data() + i * kBufferSize, messages_[i].msg_len);
+      const std::span<const std::uint8_t> bytes(buffers_.get() + i * kBufferSize, messages_[i].msg_len);
       std::size_t segment = bytes.size();
       for (const cmsghdr* cmsg = CMSG_FIRSTHDR(&header); cmsg != nullptr;
            cmsg = CMSG_NXTHDR(const_cast<msghdr*>(&header), const_cast<cmsghdr*>(cmsg))) {

@@ -130,7 +130,7 @@ class RoceDevice {
   static constexpr std::size_t kBatch = 16;
   static constexpr std::size_t kBufferSize = 65536;
   static constexpr std::size_t kControlSize = CMSG_SPACE(sizeof(int));
-  std::vector<std::uint8_t> buffers_;
+  std::unique_ptr<std::uint8_t[]> buffers_;
   std::array<mmsghdr, kBatch> messages_{};
   std::array<iovec, kBatch> message_iovs_{};
   std::array<sockaddr_in, kBatch> sources_{};

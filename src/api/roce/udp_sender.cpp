@@ -20,7 +20,7 @@ bool is_loopback(const sockaddr_in& to) { return (ntohl(to.sin_addr.s_addr) >> 2
 
 }  // namespace
 
-UdpSender::UdpSender(bool coalesce) : arena_(kArenaBytes), gso_(coalesce) {
+UdpSender::UdpSender(bool coalesce) : arena_(new std::uint8_t[kArenaBytes]), gso_(coalesce) {
   messages_.reserve(kMaxMessages);
   headers_.resize(kMaxMessages);
   iovs_.resize(kMaxMessages);
@@ -40,7 +40,7 @@ void UdpSender::add(int fd, const sockaddr_in& to, std::span<const iovec> pieces
     return;
   }
   if (used_ + size > kArenaBytes || messages_.size() == kMaxMessages) flush();
-  std::uint8_t* out = arena_.data() + used_;
+  std::uint8_t* out = arena_.get() + used_;
   for (const iovec& piece : pieces) {
     std::memcpy(out, piece.iov_base, piece.iov_len);
     out += piece.iov_len;
@@ -73,7 +73,7 @@ void UdpSender::send_run(std::size_t first, std::size_t last) {
   const std::size_t count = last - first;
   for (std::size_t i = 0; i < count; ++i) {
     Message& message = messages_[first + i];
-    iovs_[i] = iovec{arena_.data() + message.offset, message.bytes};
+    iovs_[i] = iovec{arena_.get() + message.offset, message.bytes};
     mmsghdr& header = headers_[i];
     header = mmsghdr{};
     header.msg_hdr.msg_name = &message.to;
@@ -121,7 +121,7 @@ void UdpSender::send_run(std::size_t first, std::size_t last) {
 void UdpSender::send_segments(const Message& message) {
   for (std::size_t offset = 0; offset < message.bytes; offset += message.segment) {
     const std::size_t size = std::min(message.segment, message.bytes - offset);
-    iovec piece{arena_.data() + message.offset + offset, size};
+    iovec piece{arena_.get() + message.offset + offset, size};
     msghdr header{};
     header.msg_name = const_cast<sockaddr_in*>(&message.to);
     header.msg_namelen = sizeof message.to;

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -61,7 +62,7 @@ class UdpSender {
 
   static constexpr std::size_t kArenaBytes = 1 << 20;
   static constexpr std::size_t kMaxMessages = 256;
-  std::vector<std::uint8_t> arena_;
+  std::unique_ptr<std::uint8_t[]> arena_;  // not zero-filled: 1 MiB of page faults otherwise
   std::size_t used_ = 0;
   std::vector<Message> messages_;
   std::vector<mmsghdr> headers_;
