@@ -25,60 +25,56 @@ TEST(EffectiveMss, AtTheWindowBoundThePathMtuDecides) {
   EXPECT_EQ(effective_mss(32768, 16000), 32768u) << "never below what TCP reports";
 }
 
+// A connected loopback pair: the listener, the connecting end and the accepted end.
+struct LoopbackPair {
+  int listener = -1;
+  int client = -1;
+  int accepted = -1;
+  explicit LoopbackPair(bool listener_nodelay = false) {
+    listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (listener_nodelay) ::setsockopt(listener, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof address;
+    if (::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || ::listen(listener, 1) != 0 ||
+        ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &len) != 0)
+      return;
+    client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) return;
+    accepted = ::accept(listener, nullptr, nullptr);
+  }
+  ~LoopbackPair() {
+    for (const int fd : {accepted, client, listener})
+      if (fd >= 0) ::close(fd);
+  }
+  LoopbackPair(const LoopbackPair&) = delete;
+  LoopbackPair& operator=(const LoopbackPair&) = delete;
+};
+
 // Loopback's MTU is 64 KiB: a fresh connection reports 32 KiB, its path allows twice that.
 TEST(EffectiveMss, LoopbackConnectionGetsItsPathsMss) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(listener, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
-  socklen_t len = sizeof address;
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &len), 0);
-  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(client, 0);
-  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  const int accepted = ::accept(listener, nullptr, nullptr);
-  ASSERT_GE(accepted, 0);
+  const LoopbackPair pair;
+  ASSERT_GE(pair.accepted, 0);
   int mtu = 0;
-  len = sizeof mtu;
-  ASSERT_EQ(::getsockopt(client, IPPROTO_IP, IP_MTU, &mtu, &len), 0);
-  if (mtu <= 2 * kHandshakeWindowBoundMss) GTEST_SKIP() << "loopback MTU " << mtu << " is not above 64 KiB";
-  EXPECT_EQ(effective_mss(client), static_cast<std::size_t>(mtu - kTcpIpHeaders));
-  EXPECT_EQ(effective_mss(accepted), static_cast<std::size_t>(mtu - kTcpIpHeaders));
-  ::close(accepted);
-  ::close(client);
-  ::close(listener);
+  socklen_t len = sizeof mtu;
+  ASSERT_EQ(::getsockopt(pair.client, IPPROTO_IP, IP_MTU, &mtu, &len), 0);
+  if (mtu <= 2 * kHandshakeWindowBoundMss) GTEST_SKIP() << "loopback MTU " << mtu << " is not above 60 KB";
+  EXPECT_EQ(effective_mss(pair.client), static_cast<std::size_t>(mtu - kTcpIpHeaders));
+  EXPECT_EQ(effective_mss(pair.accepted), static_cast<std::size_t>(mtu - kTcpIpHeaders));
 }
 
 TEST(EffectiveMss, NotASocketFallsBackTo1460) { EXPECT_EQ(effective_mss(-1), 1460u); }
 
 // api/connection.cpp sets TCP_NODELAY on listeners only; accepted sockets must inherit it.
 TEST(AcceptedSocket, InheritsNodelayFromItsListener) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(listener, 0);
-  int one = 1;
-  ASSERT_EQ(::setsockopt(listener, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one), 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
-  socklen_t len = sizeof address;
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &len), 0);
-  const int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(client, 0);
-  ASSERT_EQ(::connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  const int accepted = ::accept(listener, nullptr, nullptr);
-  ASSERT_GE(accepted, 0);
+  const LoopbackPair pair(/*listener_nodelay=*/true);
+  ASSERT_GE(pair.accepted, 0);
   int nodelay = 0;
-  len = sizeof nodelay;
-  ASSERT_EQ(::getsockopt(accepted, IPPROTO_TCP, TCP_NODELAY, &nodelay, &len), 0);
+  socklen_t len = sizeof nodelay;
+  ASSERT_EQ(::getsockopt(pair.accepted, IPPROTO_TCP, TCP_NODELAY, &nodelay, &len), 0);
   EXPECT_NE(nodelay, 0);
-  ::close(accepted);
-  ::close(client);
-  ::close(listener);
 }
 
 }  // namespace
