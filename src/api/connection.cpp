@@ -376,7 +376,7 @@ void Connection::start_engine() {
   const core::MpaResult& r = *result_;
   core::StreamParams params;
   params.crc = r.crc;
-  params.mulpdu = wire::mulpdu_for_emss(engine::effective_mss(fd_));
+  params.mulpdu = wire::mulpdu_for_emss(ctx_->emss_cache.get(fd_, peer_.sin_addr.s_addr, std::chrono::steady_clock::now()));
   params.ird = r.ird;
   params.ord = r.ord;
   params.responder = responder_.has_value();

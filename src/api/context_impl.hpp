@@ -11,6 +11,7 @@
 
 #include "core/memory_table.hpp"
 #include "engine/reactor.hpp"
+#include "engine/tcp_mss.hpp"
 #include "peercm/cm.hpp"
 #include "peercm/verbs.hpp"
 #include "api/p2p_driver.hpp"
@@ -62,6 +63,7 @@ struct ContextImpl {
   std::chrono::milliseconds timewait;
   CmStats stats;
   std::unique_ptr<std::uint8_t[]> receive_scratch;  // shared by the context's connections
+  engine::EmssCache emss_cache;                    // sizes the connections' FPDUs
   std::uint16_t p2p_listen_port = 0;  // advertised in CM headers: the first listener's port
   std::unique_ptr<P2pDriver> p2p;
   // QPs made without a CmId (QueuePair::create), by number: rdma_cm's conn_param.qp_num.

@@ -27,4 +27,12 @@ std::size_t effective_mss(int fd) {
   return effective_mss(mss, mtu);
 }
 
+std::size_t EmssCache::get(int fd, std::uint32_t peer_ipv4, Clock::time_point now) {
+  const auto it = entries_.find(peer_ipv4);
+  if (it != entries_.end() && now - it->second.read_at < kLifetime) return it->second.emss;
+  const std::size_t emss = query_(fd);
+  entries_.insert_or_assign(peer_ipv4, Entry{emss, now});
+  return emss;
+}
+
 }  // namespace peercm::engine

@@ -67,6 +67,24 @@ TEST(EffectiveMss, LoopbackConnectionGetsItsPathsMss) {
 
 TEST(EffectiveMss, NotASocketFallsBackTo1460) { EXPECT_EQ(effective_mss(-1), 1460u); }
 
+TEST(EmssCache, ReadsEachPeerOncePerLifetime) {
+  int queries = 0;
+  std::size_t answer = 9000;
+  EmssCache cache([&](int) {
+    ++queries;
+    return answer;
+  });
+  const auto t0 = EmssCache::Clock::now();
+  EXPECT_EQ(cache.get(3, 0x7f000001, t0), 9000u);
+  EXPECT_EQ(cache.get(4, 0x7f000001, t0 + EmssCache::kLifetime / 2), 9000u);
+  EXPECT_EQ(queries, 1) << "a second connection to the same peer asks nothing";
+  answer = 1448;
+  EXPECT_EQ(cache.get(5, 0x0a000002, t0), 1448u) << "another peer has its own";
+  EXPECT_EQ(queries, 2);
+  EXPECT_EQ(cache.get(6, 0x7f000001, t0 + EmssCache::kLifetime), 1448u) << "an old reading is taken again";
+  EXPECT_EQ(queries, 3);
+}
+
 // api/connection.cpp sets TCP_NODELAY on listeners only; accepted sockets must inherit it.
 TEST(AcceptedSocket, InheritsNodelayFromItsListener) {
   const LoopbackPair pair(/*listener_nodelay=*/true);
