@@ -33,10 +33,6 @@ void set_socket_options(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-namespace {
-
-}  // namespace
-
 Connection::Connection(std::shared_ptr<ContextImpl> ctx, int fd, Callbacks callbacks)
     : ctx_(std::move(ctx)), fd_(fd), callbacks_(std::move(callbacks)) {}
 
@@ -376,7 +372,8 @@ void Connection::start_engine() {
   const core::MpaResult& r = *result_;
   core::StreamParams params;
   params.crc = r.crc;
-  params.mulpdu = wire::mulpdu_for_emss(ctx_->emss_cache.get(fd_, peer_.sin_addr.s_addr, std::chrono::steady_clock::now()));
+  const std::size_t emss = ctx_->emss_cache.get(fd_, peer_.sin_addr.s_addr, std::chrono::steady_clock::now());
+  params.mulpdu = wire::mulpdu_for_emss(emss);
   params.ird = r.ird;
   params.ord = r.ord;
   params.responder = responder_.has_value();

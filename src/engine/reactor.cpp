@@ -223,7 +223,8 @@ void Reactor::run_once(std::unique_lock<std::mutex>& lock, std::chrono::millisec
 
   std::array<epoll_event, kMaxEvents> events;
   const Clock::time_point my_deadline = before + std::chrono::duration_cast<Clock::duration>(timeout);
-  sleep_deadline_ = sleepers_.load(std::memory_order_relaxed) == 0 ? my_deadline : std::max(sleep_deadline_, my_deadline);
+  const bool first_sleeper = sleepers_.load(std::memory_order_relaxed) == 0;
+  sleep_deadline_ = first_sleeper ? my_deadline : std::max(sleep_deadline_, my_deadline);
   sleepers_.fetch_add(1, std::memory_order_relaxed);
   lock.unlock();
   int ready = wait_for_events(epoll_fd_, events.data(), kMaxEvents, timeout);
