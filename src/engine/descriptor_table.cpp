@@ -5,8 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 
 namespace peercm::engine {
 
@@ -27,21 +25,6 @@ void reserve_descriptor_table(int descriptors) {
   if (probe >= 0) ::close(probe);
   for (const int fd : pipe_fds)
     if (fd >= 0) ::close(fd);
-}
-
-int descriptor_table_size() {
-  std::FILE* status = std::fopen("/proc/self/status", "re");
-  if (status == nullptr) return 0;
-  char line[256];
-  int size = 0;
-  while (std::fgets(line, sizeof line, status) != nullptr) {
-    if (std::strncmp(line, "FDSize:", 7) == 0) {
-      size = static_cast<int>(std::strtol(line + 7, nullptr, 10));
-      break;
-    }
-  }
-  std::fclose(status);
-  return size;
 }
 
 }  // namespace peercm::engine

@@ -13,7 +13,4 @@ namespace peercm::engine {
 // never shrinks, so later calls cost nothing. Best effort: failures are ignored.
 void reserve_descriptor_table(int descriptors);
 
-// The table's current size (FDSize in /proc/self/status), or 0 when unknown. For tests.
-int descriptor_table_size();
-
 }  // namespace peercm::engine
