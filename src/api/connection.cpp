@@ -100,8 +100,9 @@ void Connection::register_io() {
     if (auto self = weak.lock()) self->on_io(events);
   });
   registered_ = ok.has_value();
-  // A busy-polling application reads its connection's data without asking epoll first.
-  if (registered_) ctx_->reactor.poll_directly(fd_, true);
+  // A busy-polling application reads its connection's data without asking epoll first. Not
+  // while TCP connects: a direct pass offers EPOLLOUT unasked, which would read as "connected".
+  if (registered_ && phase_ != Phase::tcp_connecting) ctx_->reactor.poll_directly(fd_, true);
 }
 
 void Connection::update_interest() {
@@ -176,6 +177,7 @@ void Connection::on_connected(std::uint32_t events) {
     return;
   }
   phase_ = Phase::mpa;
+  if (registered_) ctx_->reactor.poll_directly(fd_, true);
   transmit_mpa();
 }
 

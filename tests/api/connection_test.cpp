@@ -1,6 +1,8 @@
 // Client/server connection management through the public API (rdma_cm semantics).
 #include <gtest/gtest.h>
 
+#include <array>
+#include <optional>
 #include <string>
 
 #include "loopback_pair.hpp"
@@ -161,6 +163,36 @@ TEST(Connection, InitiatorTimesOutASilentServer) {
   bool eof = false;
   accepted.read_for(2s, &eof);
   EXPECT_TRUE(eof) << "the initiator closes the socket after its timeout";
+}
+
+// A connect whose SYN is dropped stays in SYN_SENT. A busy-polling application drives the
+// reactor's direct passes, which offer EPOLLOUT to sockets waiting for room; a connecting
+// socket must not take that for "connected": it ends as a TCP connect that timed out.
+TEST(Connection, PollerDoesNotTakeAConnectStillInSynSentForConnected) {
+  RawListener full(/*backlog=*/0);
+  auto filler = RawSocket::connect_to(full.port());  // the accept queue's one place
+  ASSERT_GE(filler.fd(), 0);
+  Side client;
+  client.id = std::move(CmId::create(*client.context, *client.channel).value());
+  // Client-server: a p2p attempt's own deadline would end it as CONNECT_ERROR either way.
+  ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
+  ASSERT_TRUE(client.id->set_option(CmOption::connect_timeout, 300));
+  ASSERT_TRUE(client.id->resolve_addr(loopback(full.port())));
+  expect_event(*client.channel, CmEventType::addr_resolved);
+  ASSERT_TRUE(client.id->resolve_route());
+  expect_event(*client.channel, CmEventType::route_resolved);
+  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+  ASSERT_TRUE(client.id->connect({}));
+  std::array<WorkCompletion, 4> wc{};
+  const auto deadline = std::chrono::steady_clock::now() + 3s;
+  std::optional<CmEvent> event;
+  while (!event && std::chrono::steady_clock::now() < deadline) {
+    for (int i = 0; i < 1000; ++i) EXPECT_EQ(client.cq->poll(wc), 0u);  // direct passes
+    if (auto e = client.channel->get_event(0ms)) event = std::move(*e);
+  }
+  ASSERT_TRUE(event) << "the attempt never ended";
+  EXPECT_EQ(event->type, CmEventType::unreachable) << to_string(event->type);
+  EXPECT_EQ(event->status, ETIMEDOUT);
 }
 
 TEST(Connection, FallsBackToRevisionOneWhenThePeerAnswersWithIt) {

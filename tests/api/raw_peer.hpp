@@ -117,13 +117,14 @@ class RawSocket {
 
 class RawListener {
  public:
-  RawListener() {
+  // `backlog` 0: the kernel's accept queue holds one connection, and drops later SYNs.
+  explicit RawListener(int backlog = 16) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(fd_, 16);
+    ::listen(fd_, backlog);
     socklen_t len = sizeof a;
     ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
     port_ = ntohs(a.sin_port);
