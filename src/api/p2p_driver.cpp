@@ -25,19 +25,23 @@ void P2pDriver::park_request(core::LinkId link, std::shared_ptr<Connection> conn
 }
 
 P2pDriver::Reclaimed P2pDriver::reclaim_unseen_request(const core::P2pKey& key, std::optional<CmEvent>& retracted) {
-  for (auto& [link, weak] : link_owners_) {
-    auto child = weak.lock();
-    if (!child || child->key != key || child->state != CmIdImpl::State::request_received || !child->connection)
+  auto [first, last] = delivered_.equal_range(key);
+  for (auto it = first; it != last;) {
+    const core::LinkId link = it->second;
+    auto child = unseen_request_owner(link);
+    if (!child || child->key != key) {
+      it = delivered_.erase(it);  // accepted, rejected or gone: never an unseen request again
       continue;
+    }
     retracted = child->channel->retract_request(child->owner);
     if (!retracted) return {};  // the application has it: rule 5's EALREADY stands
-    const core::LinkId old_link = link;
+    delivered_.erase(it);
     auto conn = std::move(child->connection);
     child->link = 0;
     child->state = CmIdImpl::State::idle;
-    link_owners_.erase(old_link);
-    resolver_.handle_request_rejected(old_link);
-    resolver_.handle_link_closed(old_link);
+    link_owners_.erase(link);
+    resolver_.handle_request_rejected(link);
+    resolver_.handle_link_closed(link);
     if (ctx_.stats.delivered_requests > 0) ctx_.stats.delivered_requests--;  // it never reached the app
     Reclaimed reclaimed{new_link(), child->peer_node, child->peer_cmid};
     park_request(reclaimed.link, conn, child->listener.lock(), reclaimed.peer, reclaimed.peer_cmid);
@@ -47,6 +51,22 @@ P2pDriver::Reclaimed P2pDriver::reclaim_unseen_request(const core::P2pKey& key, 
     return reclaimed;
   }
   return {};
+}
+
+std::shared_ptr<CmIdImpl> P2pDriver::unseen_request_owner(core::LinkId link) const {
+  const auto owner = link_owners_.find(link);
+  if (owner == link_owners_.end()) return nullptr;
+  auto child = owner->second.lock();
+  if (!child || child->state != CmIdImpl::State::request_received || !child->connection) return nullptr;
+  return child;
+}
+
+void P2pDriver::remember_delivered(const core::P2pKey& key, core::LinkId link) {
+  // Entries go stale once their request is accepted, rejected or closed; sweep them when they
+  // outnumber the live links, so the index stays proportional to them.
+  if (delivered_.size() >= 2 * link_owners_.size() + 64)
+    std::erase_if(delivered_, [this](const auto& entry) { return !unseen_request_owner(entry.second); });
+  delivered_.emplace(key, link);
 }
 
 void P2pDriver::link_closed(core::LinkId link) {
@@ -107,6 +127,7 @@ void P2pDriver::deliver_request(const core::P2pAction& action) {
   listener->deliver_request(request.connection,
                             app_data ? app_data->application_data : std::span<const std::uint8_t>{}, action.link,
                             action.key, request.peer, request.peer_cmid);
+  remember_delivered(action.key, action.link);
 }
 
 // Rules 3 and 6: the losing or duplicate request is answered by the CM, never by the application.

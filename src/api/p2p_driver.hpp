@@ -62,6 +62,10 @@ class P2pDriver {
   void teardown_link(const core::P2pAction& action);
   void attempt_failed(const core::P2pAction& action);
   void arm_timer();
+  // The CmId of a request delivered to the application and not yet taken (accepted or
+  // rejected) on `link`; null otherwise.
+  std::shared_ptr<CmIdImpl> unseen_request_owner(core::LinkId link) const;
+  void remember_delivered(const core::P2pKey& key, core::LinkId link);
 
   ContextImpl& ctx_;
   core::P2pResolver resolver_;
@@ -69,6 +73,9 @@ class P2pDriver {
   std::map<core::LinkId, std::weak_ptr<CmIdImpl>> link_owners_;
   std::map<core::AttemptId, std::weak_ptr<CmIdImpl>> attempts_;
   std::map<core::LinkId, ParkedRequest> parked_;
+  // Requests delivered to the application (rule 4), by key: what reclaim_unseen_request()
+  // looks through instead of every link. May hold stale links; they are checked and dropped.
+  std::multimap<core::P2pKey, core::LinkId> delivered_;
   std::optional<engine::Reactor::TimerId> timer_;
   std::optional<core::Time> timer_deadline_;
   bool running_ = false;

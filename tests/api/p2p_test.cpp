@@ -174,6 +174,63 @@ TEST(PeerToPeer, ConnectWhileARequestIsUndecidedIsEalready) {
   EXPECT_EQ(aid->connect({}).error(), std::errc::already_connected);
 }
 
+// docs/p2p.md, rule 5 refined: a CONNECT_REQUEST still queued and unseen by the application is
+// taken back by a connect() for its key, and only for its key: two requests (tags 7 and 8)
+// wait, a connects with tag 8, and only the tag-8 request becomes a's connection.
+TEST(PeerToPeer, ConnectReclaimsTheUnseenRequestOfItsOwnKeyOnly) {
+  Node a(0x1), b(0x2);
+  std::vector<std::unique_ptr<CmId>> from_b;
+  for (std::uint32_t tag : {7u, 8u}) {
+    auto id = std::move(CmId::create(*b.side.context, *b.side.channel).value());
+    ASSERT_TRUE(id->set_option(CmOption::p2p_tag, tag));
+    ASSERT_TRUE(id->resolve_addr(loopback(a.port)));
+    expect_event(*b.side.channel, CmEventType::addr_resolved);
+    ASSERT_TRUE(id->resolve_route());
+    expect_event(*b.side.channel, CmEventType::route_resolved);
+    id->create_qp(*b.side.pd, b.side.qp_attr()).value();
+    ASSERT_TRUE(id->connect({}));
+    from_b.push_back(std::move(id));
+  }
+  // Both requests reach a's channel; a's application does not look.
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (cm_stats(*a.side.context).delivered_requests < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(cm_stats(*a.side.context).delivered_requests, 2u);
+
+  auto aid = std::move(CmId::create(*a.side.context, *a.side.channel).value());
+  ASSERT_TRUE(aid->set_option(CmOption::p2p_tag, 8u));
+  ASSERT_TRUE(aid->resolve_addr(loopback(b.port)));
+  ASSERT_TRUE(aid->resolve_route());
+  aid->create_qp(*a.side.pd, a.side.qp_attr()).value();
+  ASSERT_TRUE(aid->connect({}));  // not EALREADY: the unseen tag-8 request is reclaimed
+  EXPECT_EQ(cm_stats(*a.side.context).delivered_requests, 1u);
+
+  // a's application sees its own id established and the tag-7 request, never the tag-8 one.
+  bool established = false;
+  int requests = 0;
+  while (!(established && requests == 1)) {
+    auto e = a.side.channel->get_event(2s);
+    if (!e) break;
+    if (e->type == CmEventType::established) {
+      EXPECT_EQ(e->id, aid.get());
+      established = true;
+    }
+    if (e->type == CmEventType::connect_request) {
+      ++requests;
+      ASSERT_TRUE(e->new_id);
+      a.accepted.push_back(std::move(e->new_id));
+    }
+  }
+  EXPECT_TRUE(established);
+  EXPECT_EQ(requests, 1);
+  auto tag8_event = [&] {
+    for (auto e = b.side.channel->get_event(2s); e; e = b.side.channel->get_event(2s))
+      if (e->id == from_b[1].get()) return e->type;
+    return CmEventType::connect_error;  // none came
+  };
+  EXPECT_EQ(tag8_event(), CmEventType::established);
+}
+
 TEST(PeerToPeer, OptionOffKeepsTheClientServerWire) {
   // With the option off no CM header travels: the listener sees exactly the app's bytes and
   // a simultaneous connect gives two connections (the "naive" model).
