@@ -34,8 +34,8 @@ QueuePairEngine::QueuePairEngine(const QpConfig& config, MemoryTable& memory, Co
       recv_cq_(recv_cq),
       ring_(kTxSlots),
       receive_source_(config.srq ? config.srq : &rq_) {
-  // A slot's piece list grows on its first use and keeps its capacity: creating a QP (which
-  // connection setup does N times) allocates nothing per slot, framing soon allocates nothing.
+  // Slots come into being as the ring first reaches them (ring_at): creating a QP, which
+  // connection setup does N times, allocates and touches only the table of 64 pointers.
 }
 
 // ---------------------------------------------------------------- verbs inputs
