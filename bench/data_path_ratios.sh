@@ -12,22 +12,29 @@ peercm=${PEERCM:-./build/release/tools/peercm/peercm}
 
 figure() {  # name target compare args...
   local name=$1 target=$2 compare=$3; shift 3
-  local ratios=()
+  local runs=()
   for _ in $(seq "$repeat"); do
-    ratios+=("$("$peercm" perf --loopback --json "$@" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ratio"])')")
+    runs+=("$("$peercm" perf --loopback --json "$@")")
   done
-  python3 - "$name" "$target" "$compare" "${ratios[@]}" <<'PY'
-import statistics, sys
-name, target, compare, *ratios = sys.argv[1:]
-r = sorted(float(x) for x in ratios)
-m = statistics.median(r)
+  python3 - "$name" "$target" "$compare" "${runs[@]}" <<'PY'
+import json, statistics, sys
+name, target, compare, *runs = sys.argv[1:]
+results = [json.loads(r) for r in runs]
+def line(label, key):
+    r = sorted(d[key] for d in results)
+    return statistics.median(r), f"{label:<34} median ratio {statistics.median(r):5.2f}  (runs {', '.join(f'{x:.2f}' for x in r)})"
+m, text = line(name, "ratio")
 ok = m <= float(target) if compare == "le" else m >= float(target)
-print(f"{name:<34} median ratio {m:5.2f}  (runs {', '.join(f'{x:.2f}' for x in r)})  target {'<=' if compare == 'le' else '>='} {target}  {'PASS' if ok else 'FAIL'}")
+print(f"{text}  target {'<=' if compare == 'le' else '>='} {target}  {'PASS' if ok else 'FAIL'}")
+if all("ratio_one_cpu" in d for d in results):
+    # Not the target: TCP with both ends on one CPU, which only a loopback run can have.
+    print(line("  vs TCP with both ends on 1 CPU", "ratio_one_cpu")[1] + "  (for information)")
 PY
 }
 
-# --pin: the two busy-polling ends on their own CPUs for the peercm run (the TCP baseline
-# stays unpinned); without it the scheduler leaves both on one core in some runs.
+# --pin: each end on its own CPU, in the peercm run and in the TCP baseline alike. Unpinned,
+# the scheduler put the baseline's two blocking threads on one CPU in some runs and not in
+# others, and its latency changed threefold between runs (docs/performance.md).
 figure "send latency 8 B"              1.15 le --op send  --mode lat --size 8 --iters 3000 --pin
 figure "write bandwidth 1 MiB, CRC off" 0.90 ge --op write --mode bw  --size 1048576 --iters 4096 --crc off
 figure "write bandwidth 1 MiB, CRC on"  0.80 ge --op write --mode bw  --size 1048576 --iters 4096 --crc on

@@ -20,9 +20,11 @@
 #                    is run under taskset: peercm perf --pin, fi_pingpong and ucx_perftest
 #                    under taskset (server on the first allowed CPU, client on the second).
 #                    On 2 shared cores the scheduler otherwise leaves both pollers on one
-#                    core in some runs (100 us and more per message). The blocking contenders
-#                    (peercm's TCP baseline, sockperf, iperf3) stay unpinned: pinning only
-#                    slows a blocking ping-pong, whose wake-ups are best placed by the kernel.
+#                    core in some runs (100 us and more per message). peercm's TCP baseline
+#                    is pinned the same way (peercm perf --pin), and measured once more with
+#                    both ends on one CPU (a row of its own): left to the scheduler, its two
+#                    blocking threads share a CPU in some runs and not in others. sockperf
+#                    and iperf3 stay unpinned.
 #   --profile        also count system calls per message (strace -f) of peercm, its TCP
 #                    baseline, fi_pingpong and ucx_perftest: DIR/profile.md, in results.md
 #   PEERCM=path      use this peercm binary and skip the build (development)
@@ -223,7 +225,7 @@ bw_iters() { echo $(((bw_mib << 20) / $1)); }
     "Open MPI $(mpirun --version 2>/dev/null | sed -n '1s/.*) //p')."
   echo "Command: bench/side_by_side.sh --reps $reps --bw-mib $bw_mib --connections $connections --ranks $ranks$( ((use_pin)) || echo ' --no-pin')."
   if ((use_pin)); then
-    echo "Pinning: busy-polling ends on their own CPUs (peercm perf --pin; fi_pingpong and ucx_perftest server on CPU $cpu_a, client on CPU $cpu_b); blocking contenders unpinned."
+    echo "Pinning: busy-polling ends on their own CPUs (peercm perf --pin, its TCP baseline too; fi_pingpong and ucx_perftest server on CPU $cpu_a, client on CPU $cpu_b); sockperf and iperf3 unpinned."
   fi
   echo "Samples: peercm perf defaults (latency 1000 round trips, 100 above 64 KiB; window 64); fi_pingpong and" \
     "ucx_perftest $(lat_iters 8) round trips at 8 B/4 KiB, $(lat_iters 65536) at 64 KiB, $(lat_iters 1048576) at 1 MiB;" \

@@ -37,6 +37,7 @@ FIELDS = ["rep", "seq", "group", "size", "contender", "stat", "value", "unit", "
 # Display order and labels of the contenders.
 CONTENDERS = [
     ("tcp", "raw TCP (peercm perf in-process baseline)"),
+    ("tcp-1cpu", "raw TCP, both ends on one CPU (peercm perf --pin, loopback only)"),
     ("sockperf", "raw TCP, sockperf ping-pong"),
     ("iperf3", "raw TCP, iperf3"),
     ("libfabric", "libfabric tcp (fi_pingpong -e msg)"),
@@ -51,6 +52,7 @@ CONTENDERS = [
 LABEL = dict(CONTENDERS)
 SHORT = {
     "tcp": "TCP",
+    "tcp-1cpu": "TCP 1 CPU",
     "sockperf": "sockperf",
     "iperf3": "iperf3",
     "libfabric": "libfabric",
@@ -101,6 +103,10 @@ def parse_peercm(text, contender, size):
             ("tcp", "p50_us", td["median"], "us", f"baseline of {contender}"),
             ("tcp", "mean_us", td["average"], "us", f"baseline of {contender}"),
         ]
+        if "tcp_one_cpu_detail" in d:
+            od = d["tcp_one_cpu_detail"]
+            out += [("tcp-1cpu", "p50_us", od["median"], "us", f"baseline of {contender}"),
+                    ("tcp-1cpu", "mean_us", od["average"], "us", f"baseline of {contender}")]
     else:
         out = [
             (contender, "GBps", d["peercm"] / 1000.0, "GB/s", ""),
@@ -346,7 +352,7 @@ def report(dirpath):
         "contenders ran interleaved (the order rotates every repetition). Latency is **one-way "
         "(half the round trip), µs**; bandwidth is **GB/s (10^9 B/s)**. \"ratio to TCP\" divides "
         "by the median of the raw TCP baseline that `peercm perf --loopback` measured in the same "
-        "run (same pattern, blocking sockets, TCP_NODELAY); for peercm, \"paired\" is the median "
+        "run (same pattern, blocking sockets, TCP_NODELAY; pinned like peercm's ends unless --no-pin); for peercm, \"paired\" is the median "
         "of the per-invocation peercm/TCP ratios (both halves of one invocation ran back to back). "
         "The spread column is min–max over the repetitions.\n")
 

@@ -6,7 +6,7 @@
       the port it got on stderr), runs the client against it with --json, and checks that
       both exit with status 0 and that every iteration was verified.
 
-  tool_test.py perf --peercm PATH --op OP --mode MODE --size N --iters N
+  tool_test.py perf --peercm PATH --op OP --mode MODE --size N --iters N [--pin]
       Runs `peercm perf --loopback ... --json` and checks the JSON and its fields.
 """
 import argparse
@@ -97,7 +97,7 @@ def run_ping(args):
 
 def run_perf(args):
     cmd = [args.peercm, "perf", "--loopback", "--op", args.op, "--mode", args.mode, "--size", str(args.size),
-           "--iters", str(args.iters), "--transport", args.transport, "--json"]
+           "--iters", str(args.iters), "--transport", args.transport, "--json"] + (["--pin"] if args.pin else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE)
     except subprocess.TimeoutExpired:
@@ -123,6 +123,17 @@ def run_perf(args):
             fail(f"{key} = {value!r} is not a positive number")
     if not math.isclose(result["ratio"], result["peercm"] / result["tcp"], rel_tol=1e-6):
         fail("ratio is not peercm/tcp")
+    # --pin in lat mode adds the TCP ping-pong with both ends on one CPU; nothing else has it.
+    one_cpu = args.pin and args.mode == "lat"
+    for key in ("tcp_one_cpu", "ratio_one_cpu", "tcp_one_cpu_detail"):
+        if (key in result) != one_cpu:
+            fail(f"JSON field {key} is {'missing' if one_cpu else 'unexpected'}")
+    if one_cpu:
+        value = result["tcp_one_cpu"]
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            fail(f"tcp_one_cpu = {value!r} is not a positive number")
+        if not math.isclose(result["ratio_one_cpu"], result["peercm"] / value, rel_tol=1e-6):
+            fail("ratio_one_cpu is not peercm/tcp_one_cpu")
     print("ok")
 
 
@@ -143,6 +154,7 @@ def main():
     perf.add_argument("--size", type=int, default=8)
     perf.add_argument("--iters", type=int, default=200)
     perf.add_argument("--transport", default="iwarp", choices=["iwarp", "roce"])
+    perf.add_argument("--pin", action="store_true")
     args = parser.parse_args()
     if args.what == "ping":
         run_ping(args)

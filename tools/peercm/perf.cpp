@@ -80,9 +80,12 @@ void apply_spin(Endpoint& ep) {
   if (g_spin) ep.set_spin(*g_spin);
 }
 
-// --pin: the peercm run's application thread keeps to one CPU of the allowed ones (`slot`
-// 0 the server's, 1 the client's), as perftest runs under taskset; the previous affinity
-// comes back for the TCP baseline, whose blocking threads are best left to the scheduler.
+// --pin: each end's application thread keeps to one CPU of the allowed ones (`slot` 0 the
+// server's, 1 the client's), as perftest runs under taskset: the peercm run and the TCP
+// baseline alike, the placement two hosts would have. Left to the scheduler, the baseline's
+// two blocking threads share one CPU in some runs (each wake-up then a plain context switch)
+// and not in others, and its latency changed about threefold between runs. The one-CPU
+// placement, which only a loopback run can have, is measured on its own (tcp_one_cpu).
 bool g_pin = false;
 
 class PinScope {
@@ -481,6 +484,7 @@ PerfParams serve_one(Device& device, EventStash& stash, Socket& tcp_listener, st
     return serve_peercm(device, stash, std::move(*request));
   }();
   Socket tcp = tcp_accept(tcp_listener);
+  const PinScope pin(0);
   tcp_server(tcp, p);
   return p;
 }
@@ -488,6 +492,7 @@ PerfParams serve_one(Device& device, EventStash& stash, Socket& tcp_listener, st
 struct Results {
   Measurement peercm;
   Measurement tcp;
+  std::optional<Measurement> tcp_one_cpu;  // --loopback --pin, lat: both TCP ends on one CPU
 };
 
 Results run_client_side(Device& device, const sockaddr_in& peercm_dst, const sockaddr_in& tcp_dst,
@@ -498,8 +503,36 @@ Results run_client_side(Device& device, const sockaddr_in& peercm_dst, const soc
     r.peercm = run_peercm_client(device, peercm_dst, crc, p);
   }
   Socket tcp = tcp_connect(tcp_dst);
+  const PinScope pin(1);
   r.tcp = tcp_client(tcp, p);
   return r;
+}
+
+// The same TCP ping-pong with both ends on the first CPU.
+Measurement tcp_one_cpu(const PerfParams& p) {
+  Socket listener = tcp_listen(*parse_address("127.0.0.1", 0));
+  std::string server_error;
+  std::thread server([&] {
+    try {
+      const PinScope pin(0);
+      Socket tcp = tcp_accept(listener);
+      tcp_server(tcp, p);
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  Measurement m;
+  try {
+    const PinScope pin(0);
+    Socket tcp = tcp_connect(*parse_address("127.0.0.1", local_port(listener)));
+    m = tcp_client(tcp, p);
+  } catch (...) {
+    server.join();
+    throw;
+  }
+  server.join();
+  if (!server_error.empty()) throw ToolError("tcp one-cpu baseline: " + server_error);
+  return m;
 }
 
 // --- options and output ---
@@ -580,6 +613,12 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
                        {"peercm_detail", detail_json(p, r.peercm)},
                        {"tcp_detail", detail_json(p, r.tcp)}};
     if (o.drop > 0) out["drop"] = o.drop;
+    if (r.tcp_one_cpu) {
+      const double one_cpu = headline(p, *r.tcp_one_cpu);
+      out["tcp_one_cpu"] = one_cpu;
+      out["ratio_one_cpu"] = one_cpu > 0 ? peercm / one_cpu : 0.0;
+      out["tcp_one_cpu_detail"] = detail_json(p, *r.tcp_one_cpu);
+    }
     if (p.mode == PerfMode::lat) {
       out["warmup"] = p.warmup;
       out["statistic"] = p.op == PerfOp::read ? "median completion time" : "median one-way (RTT/2)";
@@ -598,7 +637,16 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
       const Summary s = summarize(m->samples);
       fmt::print("  {:<18} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", name, s.median, s.average, s.min, s.p99);
     }
+    if (r.tcp_one_cpu) {
+      const Summary s = summarize(r.tcp_one_cpu->samples);
+      fmt::print("  {:<18} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", "tcp, one CPU", s.median, s.average, s.min,
+                 s.p99);
+    }
     fmt::print("  {:<18} {:>10.2f}\n", "ratio peercm/tcp", ratio);
+    if (r.tcp_one_cpu) {
+      const double one_cpu = headline(p, *r.tcp_one_cpu);
+      fmt::print("  {:<18} {:>10.2f}\n", "ratio to one CPU", one_cpu > 0 ? peercm / one_cpu : 0.0);
+    }
   } else {
     fmt::print("peercm perf: {} bw, {} B x {} ({:.1f} MB), window {}, progress {}, crc {}\n", to_string(p.op), p.size,
                p.iters, static_cast<double>(p.size) * static_cast<double>(p.iters) / 1e6, p.window, o.progress, crc);
@@ -642,6 +690,13 @@ int run_loopback(const PerfOptions& o) {
     client_error = e.what();
   }
   server.join();
+  if (client_error.empty() && server_error.empty() && g_pin && p.mode == PerfMode::lat) {
+    try {
+      results.tcp_one_cpu = tcp_one_cpu(p);
+    } catch (const std::exception& e) {
+      client_error = e.what();
+    }
+  }
   if (!client_error.empty()) fmt::print(stderr, "peercm perf: error: {}\n", client_error);
   if (!server_error.empty()) fmt::print(stderr, "peercm perf: server error: {}\n", server_error);
   if (!client_error.empty() || !server_error.empty()) return 1;
@@ -726,8 +781,9 @@ void add_perf(CLI::App& app) {
                   "hybrid: busy-poll for the spin budget, then sleep")
       ->check(CLI::IsMember({"poll", "block", "hybrid"}));
   cmd->add_flag("--pin", o->pin,
-                "Pin each end's application thread to its own CPU for the peercm run (server: the first "
-                "allowed CPU, client: the second), as perftest under taskset; the TCP baseline runs unpinned");
+                "Pin each end's application thread to its own CPU (server: the first allowed CPU, client: the "
+                "second), as perftest under taskset, in the peercm run and in the TCP baseline; with --loopback in "
+                "lat mode, also measure TCP with both ends on the first CPU (tcp_one_cpu)");
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   cmd->callback([o] {
     if (o->spin_us >= 0) g_spin = std::chrono::microseconds(o->spin_us);
