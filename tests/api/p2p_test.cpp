@@ -24,6 +24,18 @@ struct Node {
   }
 };
 
+// A CmId of `from` with its tag, its route to 127.0.0.1:`to_port` resolved and a QP: ready to connect.
+std::unique_ptr<CmId> routed_id(Node& from, std::uint16_t to_port, std::uint32_t tag) {
+  auto id = std::move(CmId::create(*from.side.context, *from.side.channel).value());
+  EXPECT_TRUE(id->set_option(CmOption::p2p_tag, tag));
+  EXPECT_TRUE(id->resolve_addr(loopback(to_port)));
+  expect_event(*from.side.channel, CmEventType::addr_resolved);
+  EXPECT_TRUE(id->resolve_route());
+  expect_event(*from.side.channel, CmEventType::route_resolved);
+  id->create_qp(*from.side.pd, from.side.qp_attr()).value();
+  return id;
+}
+
 // What one node saw in one round.
 struct RoundResult {
   bool established = false;
@@ -181,15 +193,8 @@ TEST(PeerToPeer, ConnectReclaimsTheUnseenRequestOfItsOwnKeyOnly) {
   Node a(0x1), b(0x2);
   std::vector<std::unique_ptr<CmId>> from_b;
   for (std::uint32_t tag : {7u, 8u}) {
-    auto id = std::move(CmId::create(*b.side.context, *b.side.channel).value());
-    ASSERT_TRUE(id->set_option(CmOption::p2p_tag, tag));
-    ASSERT_TRUE(id->resolve_addr(loopback(a.port)));
-    expect_event(*b.side.channel, CmEventType::addr_resolved);
-    ASSERT_TRUE(id->resolve_route());
-    expect_event(*b.side.channel, CmEventType::route_resolved);
-    id->create_qp(*b.side.pd, b.side.qp_attr()).value();
-    ASSERT_TRUE(id->connect({}));
-    from_b.push_back(std::move(id));
+    from_b.push_back(routed_id(b, a.port, tag));
+    ASSERT_TRUE(from_b.back()->connect({}));
   }
   // Both requests reach a's channel; a's application does not look.
   const auto deadline = std::chrono::steady_clock::now() + 5s;
@@ -197,6 +202,7 @@ TEST(PeerToPeer, ConnectReclaimsTheUnseenRequestOfItsOwnKeyOnly) {
     std::this_thread::sleep_for(1ms);
   ASSERT_EQ(cm_stats(*a.side.context).delivered_requests, 2u);
 
+  // Not routed_id(): waiting for ADDR_RESOLVED on a's channel would take the requests off it.
   auto aid = std::move(CmId::create(*a.side.context, *a.side.channel).value());
   ASSERT_TRUE(aid->set_option(CmOption::p2p_tag, 8u));
   ASSERT_TRUE(aid->resolve_addr(loopback(b.port)));
@@ -269,16 +275,7 @@ namespace {
 
 TEST(PeerToPeer, OneConnectionPerKeyUnlessTheTagDiffers) {
   Node a(0x1), b(0x2);
-  auto connect_to_b = [&](std::uint32_t tag) {
-    auto id = std::move(CmId::create(*a.side.context, *a.side.channel).value());
-    EXPECT_TRUE(id->set_option(CmOption::p2p_tag, tag));
-    EXPECT_TRUE(id->resolve_addr(loopback(b.port)));
-    expect_event(*a.side.channel, CmEventType::addr_resolved);
-    EXPECT_TRUE(id->resolve_route());
-    expect_event(*a.side.channel, CmEventType::route_resolved);
-    id->create_qp(*a.side.pd, a.side.qp_attr()).value();
-    return id;
-  };
+  auto connect_to_b = [&](std::uint32_t tag) { return routed_id(a, b.port, tag); };
   auto first = connect_to_b(7);
   ASSERT_TRUE(first->connect({}));
   auto second = connect_to_b(7);
