@@ -205,7 +205,7 @@ void Connection::receive() {
           qp_->engine.handle_placed(std::min(got, target.size()));
           if (got > target.size()) {
             feed_engine(std::span<const std::uint8_t>(rx_buffer.data(), got - target.size()));
-            header_sized_reads_ = qp_ && qp_->engine.receive_target().size() >= kZeroCopyThreshold;
+            header_sized_reads_ = qp_ && expects_large_payload();
           } else {
             drain_qp_events();
             transmit();
@@ -227,7 +227,7 @@ void Connection::receive() {
       }
     }
     // Large payloads come straight into their target (zero copy): while they flow, read
-    // only a little past each header so the payload is not pulled into this buffer.
+    // only a little past each header so the payload is not pulled into this buffer and copied.
     const std::size_t want = header_sized_reads_ ? kHeaderReadSize : rx_buffer.size();
     const ssize_t n = ::recv(fd_, rx_buffer.data(), want, MSG_DONTWAIT);
     if (n > 0) {
@@ -236,7 +236,7 @@ void Connection::receive() {
         receive_mpa(bytes);
       } else if (phase_ == Phase::running || phase_ == Phase::closing) {
         feed_engine(bytes);
-        if (qp_) header_sized_reads_ = qp_->engine.receive_target().size() >= kZeroCopyThreshold;
+        if (qp_) header_sized_reads_ = expects_large_payload();
       }
       if (static_cast<std::size_t>(n) < want) return;
       continue;
@@ -263,6 +263,13 @@ void Connection::receive() {
     }
     return;
   }
+}
+
+// While a large payload is under way, and after a message with a large segment (the next one is
+// likely large too: a 64 KiB ping-pong read whole into the scratch buffer paid a 64 KiB copy).
+bool Connection::expects_large_payload() {
+  return qp_->engine.receive_target().size() >= kZeroCopyThreshold ||
+         qp_->engine.last_message_largest_segment() >= kZeroCopyThreshold;
 }
 
 bool Connection::silent() const {

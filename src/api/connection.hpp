@@ -78,6 +78,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_connected(std::uint32_t events);
   void on_mpa_timeout();
   void receive();
+  bool expects_large_payload();  // (qp_ set) the next read should take only a header
   void receive_mpa(std::span<const std::uint8_t> bytes);
   void feed_engine(std::span<const std::uint8_t> bytes);
   void transmit();
@@ -105,7 +106,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::optional<engine::Reactor::TimerId> mpa_timer_;
   bool want_write_ = false;
   int early_connect_error_ = 0;  // what the early Request's send() reported (send_request_early)
-  bool header_sized_reads_ = false;
+  bool header_sized_reads_ = false;  // see expects_large_payload()
   bool registered_ = false;
   bool peer_closed_ = false;
   bool socket_failed_ = false;  // a read failed (RST, error)

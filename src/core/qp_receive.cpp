@@ -166,6 +166,8 @@ void QueuePairEngine::on_segment_end() {
   }
   ++stats_.fpdus_received;
   first_fpdu_seen_ = true;
+  message_largest_segment_ = std::max(message_largest_segment_, rx_.length);
+  if (rx_.header.last) last_message_largest_segment_ = std::exchange(message_largest_segment_, 0);
   tx_fenced_ = false;  // RFC 5044 §7.1.2 rule 4: a valid FPDU arrived, the responder may send
   const wire::SegmentHeader& header = rx_.header;
   switch (rx_.kind) {

@@ -98,6 +98,10 @@ class QueuePairEngine {
   // into it, report the count with handle_placed().
   std::span<std::uint8_t> receive_target();
   void handle_placed(std::size_t n);
+  // The largest segment payload of the last complete inbound message (0 with CRC on, whose
+  // payloads are never received in place): a driver that saw a large one keeps its next read
+  // header-sized, so that the next message's payload can come straight into its target too.
+  std::size_t last_message_largest_segment() const { return params_.crc ? 0 : last_message_largest_segment_; }
   void handle_peer_closed();       // FIN from the peer
   void handle_connection_lost();   // RST, error, timeout
   // Local graceful teardown: no more work accepted; outstanding work is flushed.
@@ -310,6 +314,8 @@ class QueuePairEngine {
   bool rx_dead_ = false;
   bool first_fpdu_seen_ = false;
   RxSegment rx_;
+  std::size_t message_largest_segment_ = 0;       // of the inbound message under way
+  std::size_t last_message_largest_segment_ = 0;  // of the last one completed (its L segment seen)
   // CRC on: the current segment's payload not yet checked. `unchecked_` is the part still in
   // the buffer handle_bytes() was given (valid during that call only); what a call leaves
   // unchecked is copied into `staging_` first (staged_ bytes). Staging is sized per segment

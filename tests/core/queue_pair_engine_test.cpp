@@ -611,6 +611,29 @@ TEST(QueuePairEngine, ZeroCopyReceivePath) {
   EXPECT_EQ(b.qp.stats().bytes_placed + a.qp.stats().bytes_placed, 900000u);
 }
 
+// The driver sizes its next read by the last message's largest segment: a 3000-byte Send
+// over a 1454-byte MULPDU has segments of 1436, 1436 and 128 payload bytes; a Write of 20
+// bytes after it is small; nothing is received in place with CRC on, so it reports 0 there.
+TEST(QueuePairEngine, ReportsTheLargestSegmentOfTheLastMessage) {
+  for (const bool crc : {false, true}) {
+    Peer a(1), b(2);
+    Mr src = a.reg(3000);
+    Mr dst = b.reg(3000);
+    ASSERT_TRUE(b.recv(1, {dst.sge(0, 3000)}));
+    ASSERT_TRUE(a.send(2, WrOpcode::send, {src.sge(0, 3000)}));
+    connect(a, b, crc);
+    EXPECT_EQ(b.qp.last_message_largest_segment(), 0u);
+    Pump pump(a, b, 7);
+    pump.run();
+    ASSERT_EQ(b.rcq.wcs.size(), 1u);
+    const std::size_t first_segment = 1454 - wire::kUntaggedHeaderSize;
+    EXPECT_EQ(b.qp.last_message_largest_segment(), crc ? 0u : first_segment) << "crc " << crc;
+    ASSERT_TRUE(a.send(3, WrOpcode::rdma_write, {src.sge(0, 20)}, 0, dst.addr, dst.stag));
+    pump.run();
+    EXPECT_EQ(b.qp.last_message_largest_segment(), crc ? 0u : 20u) << "crc " << crc;
+  }
+}
+
 TEST(QueuePairEngine, ReceiveTargetIsEmptyWithCrc) {
   Peer a(1), b(2);
   Mr src = a.reg(3000);
