@@ -8,6 +8,7 @@
 #     alternately, target <= 1.5 with zero duplicates;
 #   - 64 ranks in p2p mode: exactly 2016 connections, zero duplicates (one run).
 #   usage: bench/setup_ratios.sh [REPEAT] [CONNECTIONS]   (defaults 7 and 100)
+#   SETUP_RATIOS_STRICT=1: exit 1 when a target is missed
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeat=${1:-7}
@@ -27,7 +28,7 @@ done
 mesh64=$("$peercm" mesh --ranks 64 --model p2p --json)
 
 python3 - "$connections" "$mesh64" "${#cmtime[@]}" "${cmtime[@]}" "${mesh[@]}" <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 connections, mesh64, n, *rest = sys.argv[1:]
 n = int(n)
 cmtime = [json.loads(r) for r in rest[:n]]
@@ -59,5 +60,5 @@ d = json.loads(mesh64)
 print(f"mesh 64, p2p: {d['connections']} connections (expected {d['expected_connections']}), duplicates "
       f"{d['duplicates']}, {d['time_to_mesh_us'] / 1000:.0f} ms  target 2016  "
       f"{verdict(d['connections'] == 2016 and d['duplicates'] == 0)}")
-sys.exit(1 if failed and __import__('os').environ.get('SETUP_RATIOS_STRICT') == '1' else 0)
+sys.exit(1 if failed and os.environ.get("SETUP_RATIOS_STRICT") == "1" else 0)
 PY

@@ -29,7 +29,7 @@ P2pDriver::Reclaimed P2pDriver::reclaim_unseen_request(const core::P2pKey& key, 
   for (auto it = first; it != last;) {
     const core::LinkId link = it->second;
     auto child = unseen_request_owner(link);
-    if (!child || child->key != key) {
+    if (!child) {
       it = delivered_.erase(it);  // accepted, rejected or gone: never an unseen request again
       continue;
     }

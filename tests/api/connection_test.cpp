@@ -147,13 +147,8 @@ TEST(Connection, ResponderTimesOutASilentClient) {
 TEST(Connection, InitiatorTimesOutASilentServer) {
   RawListener silent;
   Side client;
-  client.id = std::move(CmId::create(*client.context, *client.channel).value());
-  ASSERT_TRUE(client.id->set_option(CmOption::connect_timeout, 200));
-  ASSERT_TRUE(client.id->resolve_addr(loopback(silent.port())));
-  expect_event(*client.channel, CmEventType::addr_resolved);
-  ASSERT_TRUE(client.id->resolve_route());
-  expect_event(*client.channel, CmEventType::route_resolved);
-  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+  client.id = routed_id(client, loopback(silent.port()), {{CmOption::connect_timeout, 200}});
+  client.qp = client.id->qp();
   ASSERT_TRUE(client.id->connect({}));
   auto accepted = silent.accept_one(2s);
   ASSERT_GE(accepted.fd(), 0);
@@ -173,15 +168,10 @@ TEST(Connection, PollerDoesNotTakeAConnectStillInSynSentForConnected) {
   auto filler = RawSocket::connect_to(full.port());  // the accept queue's one place
   ASSERT_GE(filler.fd(), 0);
   Side client;
-  client.id = std::move(CmId::create(*client.context, *client.channel).value());
   // Client-server: a p2p attempt's own deadline would end it as CONNECT_ERROR either way.
-  ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
-  ASSERT_TRUE(client.id->set_option(CmOption::connect_timeout, 300));
-  ASSERT_TRUE(client.id->resolve_addr(loopback(full.port())));
-  expect_event(*client.channel, CmEventType::addr_resolved);
-  ASSERT_TRUE(client.id->resolve_route());
-  expect_event(*client.channel, CmEventType::route_resolved);
-  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+  client.id = routed_id(client, loopback(full.port()),
+                        {{CmOption::peer_to_peer, 0}, {CmOption::connect_timeout, 300}});
+  client.qp = client.id->qp();
   ASSERT_TRUE(client.id->connect({}));
   std::array<WorkCompletion, 4> wc{};
   const auto deadline = std::chrono::steady_clock::now() + 3s;
@@ -198,13 +188,8 @@ TEST(Connection, PollerDoesNotTakeAConnectStillInSynSentForConnected) {
 TEST(Connection, FallsBackToRevisionOneWhenThePeerAnswersWithIt) {
   RawListener old_peer;
   Side client;
-  client.id = std::move(CmId::create(*client.context, *client.channel).value());
-  ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
-  ASSERT_TRUE(client.id->resolve_addr(loopback(old_peer.port())));
-  expect_event(*client.channel, CmEventType::addr_resolved);
-  ASSERT_TRUE(client.id->resolve_route());
-  expect_event(*client.channel, CmEventType::route_resolved);
-  client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+  client.id = routed_id(client, loopback(old_peer.port()), {{CmOption::peer_to_peer, 0}});
+  client.qp = client.id->qp();
   ASSERT_TRUE(client.id->connect({}));
   auto sock = old_peer.accept_one(2s);
   ASSERT_GE(sock.fd(), 0);

@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "peercm/cm.hpp"
@@ -91,6 +93,20 @@ struct Side {
     return std::move(MemoryRegion::register_memory(*pd, buffer.data(), buffer.size(), access).value());
   }
 };
+
+// A CmId of `side` with `options` set, its address and route to `to` resolved (both events
+// taken from the side's channel) and a QP of side.qp_attr(): what a test does before connect().
+inline std::unique_ptr<CmId> routed_id(Side& side, const sockaddr_in& to,
+                                       std::initializer_list<std::pair<CmOption, std::int64_t>> options = {}) {
+  auto id = std::move(CmId::create(*side.context, *side.channel).value());
+  for (const auto& [option, value] : options) EXPECT_TRUE(id->set_option(option, value));
+  EXPECT_TRUE(id->resolve_addr(to));
+  expect_event(*side.channel, CmEventType::addr_resolved);
+  EXPECT_TRUE(id->resolve_route());
+  expect_event(*side.channel, CmEventType::route_resolved);
+  id->create_qp(*side.pd, side.qp_attr()).value();
+  return id;
+}
 
 // Test-name suffix of a suite parameterized on the transport.
 inline std::string transport_name(const testing::TestParamInfo<Transport>& info) {

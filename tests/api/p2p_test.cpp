@@ -26,14 +26,7 @@ struct Node {
 
 // A CmId of `from` with its tag, its route to 127.0.0.1:`to_port` resolved and a QP: ready to connect.
 std::unique_ptr<CmId> routed_id(Node& from, std::uint16_t to_port, std::uint32_t tag) {
-  auto id = std::move(CmId::create(*from.side.context, *from.side.channel).value());
-  EXPECT_TRUE(id->set_option(CmOption::p2p_tag, tag));
-  EXPECT_TRUE(id->resolve_addr(loopback(to_port)));
-  expect_event(*from.side.channel, CmEventType::addr_resolved);
-  EXPECT_TRUE(id->resolve_route());
-  expect_event(*from.side.channel, CmEventType::route_resolved);
-  id->create_qp(*from.side.pd, from.side.qp_attr()).value();
-  return id;
+  return routed_id(from.side, loopback(to_port), {{CmOption::p2p_tag, tag}});
 }
 
 // What one node saw in one round.
@@ -161,22 +154,12 @@ TEST(PeerToPeer, SimultaneousConnectsAlwaysMakeExactlyOneConnection) {
 TEST(PeerToPeer, ConnectWhileARequestIsUndecidedIsEalready) {
   Node a(0x1), b(0x2);
   // b connects to a; a's application holds the CONNECT_REQUEST without deciding.
-  auto bid = std::move(CmId::create(*b.side.context, *b.side.channel).value());
-  ASSERT_TRUE(bid->resolve_addr(loopback(a.port)));
-  expect_event(*b.side.channel, CmEventType::addr_resolved);
-  ASSERT_TRUE(bid->resolve_route());
-  expect_event(*b.side.channel, CmEventType::route_resolved);
-  bid->create_qp(*b.side.pd, b.side.qp_attr()).value();
+  auto bid = routed_id(b.side, loopback(a.port));
   ASSERT_TRUE(bid->connect({}));
   auto request = expect_event(*a.side.channel, CmEventType::connect_request);
   ASSERT_TRUE(request.new_id);
   // a now connects to b: the undecided request is the connection (rule 5).
-  auto aid = std::move(CmId::create(*a.side.context, *a.side.channel).value());
-  ASSERT_TRUE(aid->resolve_addr(loopback(b.port)));
-  expect_event(*a.side.channel, CmEventType::addr_resolved);
-  ASSERT_TRUE(aid->resolve_route());
-  expect_event(*a.side.channel, CmEventType::route_resolved);
-  aid->create_qp(*a.side.pd, a.side.qp_attr()).value();
+  auto aid = routed_id(a.side, loopback(b.port));
   EXPECT_EQ(aid->connect({}).error(), std::errc::connection_already_in_progress);
   // Accepting it establishes; a second connect is then EISCONN.
   request.new_id->create_qp(*a.side.pd, a.side.qp_attr()).value();
