@@ -604,22 +604,28 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
     impl.connect_param = param;
     impl.ctx->p2p->track_attempt(impl.number, impl_);
     impl.ctx->p2p->own_link(link_id, impl_);
+    impl.state = detail::CmIdImpl::State::connecting;
+    if (reclaimed.link != 0) {
+      // The reclaimed request meets our attempt like any colliding request (rule 3), before
+      // our own request exists: when it wins, the attempt is bound to it and our request,
+      // a TCP connection the peer would have to reject, never goes out.
+      const core::Time now(std::chrono::steady_clock::now().time_since_epoch());
+      impl.ctx->p2p->resolver().handle_request(key, reclaimed.link, reclaimed.peer, reclaimed.peer_cmid, now);
+      impl.ctx->p2p->run();
+      if (impl.link != link_id) return {};  // bound to the peer's request (or ended)
+    }
   }
   auto conn = detail::Connection::open(impl.ctx, impl.destination, impl.bound_address,
                                        impl.mpa_config(param.responder_resources, param.initiator_depth),
                                        std::move(private_data), impl.connection_callbacks(link_id));
   if (!conn) {
+    impl.state = detail::CmIdImpl::State::route_resolved;
     impl.end_p2p();
     return fail(conn.error());
   }
   impl.connection = *conn;
   impl.connection->bind_qp(impl.qp_impl);
   impl.state = detail::CmIdImpl::State::connecting;
-  if (reclaimed.link != 0) {
-    // The reclaimed request now meets our attempt like any colliding request (rule 3).
-    const core::Time now(std::chrono::steady_clock::now().time_since_epoch());
-    impl.ctx->p2p->resolver().handle_request(impl.key, reclaimed.link, reclaimed.peer, reclaimed.peer_cmid, now);
-  }
   if (link_id != 0) impl.ctx->p2p->run();
   return {};
 }

@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "loopback_pair.hpp"
+#include "raw_peer.hpp"
+#include "wire/cm_header.hpp"
 
 namespace peercm::test {
 namespace {
@@ -218,6 +220,52 @@ TEST(PeerToPeer, ConnectReclaimsTheUnseenRequestOfItsOwnKeyOnly) {
     return CmEventType::connect_error;  // none came
   };
   EXPECT_EQ(tag8_event(), CmEventType::established);
+}
+
+// Rule 3 applied to a reclaimed request before our own exists: when the peer's request wins,
+// our attempt is bound to it at once and never dials. A raw peer with the larger GUID sends
+// its request; a's application connects to the raw peer's listener only afterwards; the
+// listener must see no connection, and the raw peer's request gets an MPA Reply.
+TEST(PeerToPeer, AttemptThatWouldLoseToAnUnseenRequestNeverDials) {
+  Node a(0x1);
+  RawListener raw_listener;
+  constexpr std::uint32_t kTag = 9;
+  std::array<std::uint8_t, wire::kCmHeaderSize> header{};
+  ASSERT_TRUE(wire::encode_cm_header(wire::CmHeader{.node_guid = ~std::uint64_t{0},
+                                                    .incarnation = 7,
+                                                    .listen_port = raw_listener.port(),
+                                                    .tag = kTag,
+                                                    .cmid = 1},
+                                     header));
+  auto raw = RawSocket::connect_to(a.port);
+  ASSERT_GE(raw.fd(), 0);
+  ASSERT_TRUE(raw.send_all(mpa_bytes(wire::MpaFrame{
+      .kind = wire::MpaFrameKind::request,
+      .crc = true,
+      .revision = 2,
+      .enhanced = wire::IrdOrdBlock{.peer_to_peer = true, .write_rtr = true, .ird = 16, .ord = 16},
+      .private_data = header})));
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (cm_stats(*a.side.context).delivered_requests < 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(cm_stats(*a.side.context).delivered_requests, 1u);
+
+  // Not routed_id(): waiting for ADDR_RESOLVED on a's channel would take the request off it.
+  auto aid = std::move(CmId::create(*a.side.context, *a.side.channel).value());
+  ASSERT_TRUE(aid->set_option(CmOption::p2p_tag, kTag));
+  ASSERT_TRUE(aid->resolve_addr(loopback(raw_listener.port())));
+  ASSERT_TRUE(aid->resolve_route());
+  aid->create_qp(*a.side.pd, a.side.qp_attr()).value();
+  ASSERT_TRUE(aid->connect({}));
+  EXPECT_EQ(cm_stats(*a.side.context).collisions_lost, 1u);
+  EXPECT_EQ(cm_stats(*a.side.context).delivered_requests, 0u);
+
+  const auto reply = read_mpa_frame(raw, 5s);
+  ASSERT_FALSE(reply.empty());
+  auto decoded = wire::decode_mpa_frame(reply, wire::MpaFrameKind::reply);
+  ASSERT_TRUE(decoded);
+  EXPECT_FALSE(decoded->rejected);
+  EXPECT_LT(raw_listener.accept_one(200ms).fd(), 0);  // a never dialled
 }
 
 TEST(PeerToPeer, OptionOffKeepsTheClientServerWire) {
