@@ -72,7 +72,13 @@ void ContextImpl::wait_as_poller(int fd, std::chrono::milliseconds max_wait) {
   reactor.lend_to_poller(slice + kPollerLease);
   std::array<pollfd, 2> fds{pollfd{fd, POLLIN, 0}, pollfd{reactor.pollable_fd(), POLLIN, 0}};
   const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(slice.count()));
-  if (ready == 0 || (fds[1].revents & POLLIN)) try_progress();
+  if (ready == 0 || (fds[1].revents & POLLIN)) {
+    try_progress();  // lends the usual lease again
+  } else {
+    // Woken by `fd` alone: the caller is about to leave; the lease lent for the whole slice
+    // must not keep the progress thread parked after it.
+    reactor.lend_to_poller(kPollerLease);
+  }
 }
 
 }  // namespace detail

@@ -98,6 +98,10 @@ class Reactor {
   // ends on its own, or at once when the poller is about to block. Thread-safe.
   void lend_to_poller(Clock::duration lease);
   void end_poller_lease();
+  // When the current lease ends (the epoch when none is lent). Thread-safe.
+  Clock::time_point poller_lease_end() const {
+    return Clock::time_point(Clock::duration(poller_lease_until_.load(std::memory_order_relaxed)));
+  }
 
   // True on the progress thread, and inside run_once() on the thread calling it.
   bool on_reactor_thread() const;
