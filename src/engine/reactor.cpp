@@ -337,10 +337,15 @@ void Reactor::thread_main(std::uint64_t generation) {
 
 void Reactor::park_during_lease(std::uint64_t generation) {
   std::unique_lock<std::mutex> park(park_mutex_);
+  Clock::duration sleep = kFirstParkCheck;
   for (;;) {
-    const Clock::rep until = poller_lease_until_.load(std::memory_order_relaxed);
-    if (run_generation_.load() != generation || until <= Clock::now().time_since_epoch().count()) return;
-    park_cv_.wait_until(park, Clock::time_point(Clock::duration(until)));
+    const Clock::time_point until(Clock::duration(poller_lease_until_.load(std::memory_order_relaxed)));
+    const Clock::time_point now = Clock::now();
+    if (run_generation_.load() != generation || until <= now) return;
+    // Every wake-up displaces a polling thread from its CPU: while the poller keeps renewing
+    // its lease, look again less and less often.
+    park_cv_.wait_until(park, std::max(until, now + sleep));
+    sleep = std::min(sleep * 2, kLastParkCheck);
   }
 }
 

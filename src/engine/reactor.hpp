@@ -175,6 +175,11 @@ class Reactor {
   // End of the current poller lease (Clock ticks since its epoch; 0: none). The park
   // mutex only pairs the progress thread's sleep with end_poller_lease() and stop_thread().
   std::atomic<Clock::rep> poller_lease_until_{0};
+  // A parked progress thread checks the lease after kFirstParkCheck, then at doubling
+  // intervals up to kLastParkCheck: the longest it stays away after a poller stops polling
+  // without blocking (end_poller_lease() wakes it at once).
+  static constexpr Clock::duration kFirstParkCheck = std::chrono::microseconds(200);
+  static constexpr Clock::duration kLastParkCheck = std::chrono::microseconds(1600);
   std::mutex park_mutex_;
   std::condition_variable park_cv_;
 };

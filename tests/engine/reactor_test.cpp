@@ -624,6 +624,67 @@ TEST_F(ReactorTest, ProgressThreadRunsCallbacksAndStopsCleanly) {
   reactor.remove(p.r);
 }
 
+// The busy-poll hand-off: a progress thread parked on a poller's lease leaves a ready fd to
+// the poller for as long as the lease is renewed.
+TEST_F(ReactorTest, ParkedProgressThreadLeavesReadyFdsAloneWhileTheLeaseIsRenewed) {
+  Pipe p;
+  std::atomic<bool> handled{false};
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
+    p.drain();
+    handled = true;
+  }));
+  reactor.lend_to_poller(1s);  // the thread parks in its first round
+  reactor.start_thread();
+  lock.unlock();
+  p.put();
+  // A poller that renews generously (an oversleeping machine must not let the lease lapse)
+  // and never runs the reactor itself.
+  const auto renew_until = Clock::now() + 50ms;
+  while (Clock::now() < renew_until) {
+    reactor.lend_to_poller(1s);
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_FALSE(handled.load());
+  reactor.end_poller_lease();  // the poller is about to block: the thread takes over at once
+  const auto deadline = Clock::now() + 2s;
+  while (!handled.load() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(handled.load());
+  lock.lock();
+  reactor.remove(p.r);
+}
+
+// A poller that stops renewing without saying so: the parked thread, which looks at the lease
+// less often the longer the poller keeps it, takes over within kLastParkCheck of the lease's
+// end. 250 ms of renewals: checks that kept doubling from 200 us without bound would come at
+// about 205 and 410 ms, so the takeover would wait some 160 ms.
+TEST_F(ReactorTest, ParkedProgressThreadTakesOverSoonAfterThePollerStopsRenewing) {
+  Pipe p;
+  std::atomic<bool> handled{false};
+  std::atomic<Clock::rep> handled_at{0};
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
+    p.drain();
+    handled_at = Clock::now().time_since_epoch().count();
+    handled = true;
+  }));
+  constexpr auto kLease = std::chrono::microseconds(200);
+  reactor.lend_to_poller(kLease);
+  reactor.start_thread();
+  lock.unlock();
+  const auto renew_until = Clock::now() + 250ms;
+  while (Clock::now() < renew_until) {
+    reactor.lend_to_poller(kLease);
+    std::this_thread::yield();
+  }
+  p.put();
+  const auto lease_end = Clock::now() + kLease;
+  const auto deadline = Clock::now() + 2s;
+  while (!handled.load() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(handled.load());
+  EXPECT_LT(Clock::time_point(Clock::duration(handled_at.load())) - lease_end, 100ms);  // loose: the bound is 1.6 ms
+  lock.lock();
+  reactor.remove(p.r);
+}
+
 TEST_F(ReactorTest, EarlierTimerWakesTheSleepingProgressThread) {
   std::condition_variable cv;
   const auto far = reactor.add_timer(Clock::now() + 10s, [] { ADD_FAILURE() << "far timer fired"; });
