@@ -41,11 +41,15 @@ def verdict(ok):
     return "PASS" if ok else "FAIL"
 
 ratios = sorted(d["ratio_connect"] for d in cmtime)
+cpu_ratios = sorted(d["ratio_cpu"] for d in cmtime)
 complete = all(d["completed"] and d["established"] == int(connections) and d["pairs_matched"] == int(connections)
                for d in cmtime)
 m = statistics.median(ratios)
 print(f"cmtime p2p, {connections} pairs: median ratio {m:.2f} (runs {', '.join(f'{x:.2f}' for x in ratios)}), "
       f"every pair matched: {complete}  target <= 2.5  {verdict(m <= 2.5 and complete)}")
+
+print(f"  CPU per pair against TCP's per connection (information): median {statistics.median(cpu_ratios):.2f} "
+      f"(runs {', '.join(f'{x:.2f}' for x in cpu_ratios)})")
 
 p2p = [d for model, d in mesh if model == "p2p"]
 static = [d for model, d in mesh if model == "static"]

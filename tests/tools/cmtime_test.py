@@ -6,7 +6,8 @@
 
 Runs `peercm cmtime --connections N --mode MODE --transport T --json` and checks its exit status and the
 JSON: every step timed (total/avg/min/max, consistent), the connect latency and the TCP
-baseline present and positive, ratio_connect = peercm avg / tcp avg, and the connection
+baseline present and positive, ratio_connect = peercm avg / tcp avg, the CPU time per
+connection of both (positive, ratio_cpu their quotient), and the connection
 counts: N established, N CONNECT_REQUESTs on the server in client-server mode, none in p2p
 mode where both sides must also see ESTABLISHED on each of their N ids and every pair must
 share one connection (design.md §3; a TCP 4-tuple, over RoCE the ends' addresses and QPNs).
@@ -93,6 +94,13 @@ def main():
     ratio = number(result.get("ratio_connect"), "ratio_connect", positive=True)
     if not math.isclose(ratio, lat["avg"] / base["avg"], rel_tol=1e-6):
         fail(f"ratio_connect {ratio} is not connect latency avg / tcp avg ({lat['avg']} / {base['avg']})")
+
+    cpu = result.get("cpu_us_per_connection") or {}
+    cpu_peercm = number(cpu.get("peercm"), "cpu_us_per_connection.peercm", positive=True)
+    cpu_tcp = number(cpu.get("tcp"), "cpu_us_per_connection.tcp", positive=True)
+    ratio_cpu = number(result.get("ratio_cpu"), "ratio_cpu", positive=True)
+    if not math.isclose(ratio_cpu, cpu_peercm / cpu_tcp, rel_tol=1e-6):
+        fail(f"ratio_cpu {ratio_cpu} is not peercm / tcp CPU per connection ({cpu_peercm} / {cpu_tcp})")
 
     if result.get("established") != n:
         fail(f"established = {result.get('established')!r}, expected {n}")

@@ -23,12 +23,16 @@
 //
 // In the same run, a plain-TCP baseline: N non-blocking connects issued at once, each
 // followed by an 8-byte request answered with 8 bytes, timed per connection from connect()
-// to the reply; the ratio peercm/TCP compares the connect step with it.
+// to the reply; the ratio peercm/TCP compares the connect step with it. Both are also given
+// as the process's CPU time (every thread, user and system) per connection over the connect
+// step and over the baseline: the work each does, which the host's scheduling noise moves
+// far less than the latencies.
 //
 // Connect private data (after the CM header in p2p mode): magic "CMTM", the pair number.
 #include <fmt/core.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -111,12 +115,44 @@ std::string list_tags(const std::vector<std::uint32_t>& tags, std::size_t count)
 // Another thread failed and said why: unwind without adding an error of our own.
 struct Aborted {};
 
+// CPU time of the whole process (every thread, user and system), us.
+double process_cpu_us() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e6 +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+// The process's CPU time over one phase that several threads run: the first start() opens
+// it, the first end() closes it.
+class CpuWindow {
+ public:
+  void start() {
+    std::lock_guard lock(mutex_);
+    if (!started_) started_ = process_cpu_us();
+  }
+  void end() {
+    std::lock_guard lock(mutex_);
+    if (started_ && !used_) used_ = process_cpu_us() - *started_;
+  }
+  double used_us() {
+    std::lock_guard lock(mutex_);
+    return used_.value_or(0.0);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::optional<double> started_;
+  std::optional<double> used_;
+};
+
 // What the threads of one run share: the wait bound, the error list and the abort flag.
 struct Shared {
   milliseconds timeout{kWaitTimeout};
   std::atomic<bool> abort{false};
   std::mutex mutex;
   std::vector<std::string> errors;
+  CpuWindow connect_cpu;  // the connect step
 
   void error(std::string text) {
     std::lock_guard lock(mutex);
@@ -539,9 +575,11 @@ void run_steps(Node& self, Node& other, const sockaddr_in& destination, std::uin
   barrier.arrive_and_wait(round, shared);
   self.create_qps();
   barrier.arrive_and_wait(round, shared);
+  shared.connect_cpu.start();
   self.connect_all();
   self.pump_until([&] { return self.connect_complete() && other.connect_complete(); },
                   *self.phase_start()[kConnect] + shared.timeout, "ESTABLISHED on every connection");
+  shared.connect_cpu.end();
   barrier.arrive_and_wait(round, shared);
   self.disconnect_all();
   self.pump_until([&] { return self.disconnect_complete() && other.disconnect_complete(); },
@@ -580,6 +618,7 @@ StepStats step_stats(const std::vector<double>& samples, double total_us) {
 struct PeercmResult {
   bool completed = false;  // every step ran (the counts below are meaningful)
   std::array<StepStats, kStepCount> steps{};
+  double connect_cpu_us = 0;  // the process's CPU time over the connect step
   std::vector<double> connect_latency;  // connect() -> ESTABLISHED on that id, us
   std::size_t established = 0;          // client-server: pairs; p2p: distinct connections
   std::array<std::size_t, 2> established_per_side{};
@@ -659,6 +698,7 @@ PeercmResult run_client_server(std::uint32_t n, ProgressMode mode, Transport tra
   server_thread.join();
   r.completed = !shared.abort.load();
   if (!r.completed) return r;
+  r.connect_cpu_us = shared.connect_cpu.used_us();
 
   // The server's end of pair i, by the pair number in the private data.
   std::vector<const Conn*> server_end(n, nullptr);
@@ -712,6 +752,7 @@ PeercmResult run_p2p(std::uint32_t n, ProgressMode mode, Transport transport, st
   thread_b.join();
   r.completed = !shared.abort.load();
   if (!r.completed) return r;
+  r.connect_cpu_us = shared.connect_cpu.used_us();
 
   collect_times(r, {&a, &b}, {&a, &b},
                 [&](std::size_t i) { return i < b.own().size() ? &b.own()[i] : nullptr; });
@@ -786,6 +827,7 @@ PeercmResult run_p2p(std::uint32_t n, ProgressMode mode, Transport transport, st
 struct TcpResult {
   std::vector<double> samples;  // connect() -> reply received, us
   double total_us = 0;
+  double cpu_us = 0;  // the process's CPU time from the first connect() to the last reply
 };
 
 class Epoll {
@@ -906,6 +948,7 @@ TcpResult run_tcp_baseline(std::uint32_t n, Shared& shared) {
     };
     std::vector<Client> clients(n);
     Epoll ep;
+    const double cpu_start = process_cpu_us();
     const TimePoint phase_start = Clock::now();
     TimePoint last = phase_start;
     const auto deadline = phase_start + shared.timeout;
@@ -960,6 +1003,7 @@ TcpResult run_tcp_baseline(std::uint32_t n, Shared& shared) {
       }
     }
     result.total_us = micros(last - phase_start);
+    result.cpu_us = process_cpu_us() - cpu_start;
   });
   stop.store(true);
   server.join();
@@ -999,6 +1043,9 @@ void print_report(const CmtimeOptions& o, bool p2p, const PeercmResult& r, const
   const Summary base = summarize(tcp.samples);
   const double ratio_connect = ratio(lat.average, base.average);
   const double ratio_total = ratio(r.steps[kConnect].total_us, tcp.total_us);
+  const double per_connection = o.connections > 0 ? 1.0 / o.connections : 0.0;
+  const double cpu_peercm = r.connect_cpu_us * per_connection;
+  const double cpu_tcp = tcp.cpu_us * per_connection;
   const std::array<const char*, 2> sides = p2p ? std::array{"a", "b"} : std::array{"client", "server"};
   if (o.json) {
     nlohmann::json steps = nlohmann::json::object();
@@ -1020,6 +1067,8 @@ void print_report(const CmtimeOptions& o, bool p2p, const PeercmResult& r, const
           {"total_us", tcp.total_us}}},
         {"ratio_connect", ratio_connect},
         {"ratio_connect_total", ratio_total},
+        {"cpu_us_per_connection", {{"peercm", cpu_peercm}, {"tcp", cpu_tcp}}},
+        {"ratio_cpu", ratio(cpu_peercm, cpu_tcp)},
         {"established", r.established},
         {"established_per_side", {{sides[0], r.established_per_side[0]}, {sides[1], r.established_per_side[1]}}},
         {"pairs_matched", r.pairs_matched},
@@ -1045,6 +1094,8 @@ void print_report(const CmtimeOptions& o, bool p2p, const PeercmResult& r, const
     fmt::print("  tcp connect + 8 B exchange, us   avg {:>9.1f}  p50 {:>9.1f}  p99 {:>9.1f}  (total {:.1f})\n",
                base.average, base.median, base.p99, tcp.total_us);
     fmt::print("  ratio peercm/tcp                 avg {:>9.2f}  total {:.2f}\n", ratio_connect, ratio_total);
+    fmt::print("  process CPU per connection, us   peercm {:.1f}  tcp {:.1f}  ratio {:.2f}\n", cpu_peercm, cpu_tcp,
+               ratio(cpu_peercm, cpu_tcp));
     fmt::print("  established {} (per side: {} {}, {} {}), pairs matched {}, connect requests seen {}\n", r.established,
                sides[0], r.established_per_side[0], sides[1], r.established_per_side[1], r.pairs_matched,
                r.connect_requests);
