@@ -142,13 +142,14 @@ Connection::Callbacks CmIdImpl::connection_callbacks(core::LinkId link_id) {
     if (!self) return;
     self->state = State::route_resolved;
     self->connection.reset();
-    self->end_p2p();
     if (error == ECONNREFUSED) {
       self->ctx->stats.rejects_received[static_cast<int>(RejectReason::refused)]++;
       self->emit(CmEventType::rejected, ECONNREFUSED, {}, RejectReason::refused);
     } else {
       self->emit(CmEventType::unreachable, error);
     }
+    // After the attempt's own ending: a request it held may now reach the application (rule 3).
+    self->end_p2p();
   };
   cb.mpa_event = [weak, link_id](core::MpaEvent& event) {
     auto self = weak.lock();
@@ -201,19 +202,19 @@ Connection::Callbacks CmIdImpl::connection_callbacks(core::LinkId link_id) {
           break;
         }
         self->state = State::route_resolved;
-        self->end_p2p();
         self->ctx->stats.rejects_received[static_cast<int>(RejectReason::application)]++;
         self->emit(CmEventType::rejected, ECONNREFUSED, std::move(param), RejectReason::application);
+        self->end_p2p();  // after the ending, as above
         break;
       case core::MpaEvent::Kind::failed: {
         const bool passive = self->state == State::accepting;
         self->state = passive ? State::disconnected : State::route_resolved;
-        self->end_p2p();
         const int status = event.failure == core::MpaFailure::timeout ? ETIMEDOUT : ECONNRESET;
         const RejectReason reason = event.failure == core::MpaFailure::timeout ? RejectReason::timeout
                                     : event.failure == core::MpaFailure::markers_requested ? RejectReason::markers
                                                                                           : RejectReason::invalid;
         self->emit(CmEventType::connect_error, status, {}, reason);
+        self->end_p2p();  // after the ending, as above
         break;
       }
       case core::MpaEvent::Kind::request_received:

@@ -268,6 +268,47 @@ TEST(PeerToPeer, AttemptThatWouldLoseToAnUnseenRequestNeverDials) {
   EXPECT_LT(raw_listener.accept_one(200ms).fd(), 0);  // a never dialled
 }
 
+// Rule 3, active side: the request our attempt holds proceeds (rule 4) only once the attempt
+// has ended, and the application hears of that ending first. A raw peer with the smaller GUID
+// takes a's attempt, sends its own colliding request, then resets a's attempt.
+TEST(PeerToPeer, HeldRequestReachesTheApplicationOnlyAfterTheAttemptsEnding) {
+  Node a(0x10);
+  RawListener raw_listener;
+  constexpr std::uint32_t kTag = 5;
+  auto aid = routed_id(a, raw_listener.port(), kTag);
+  ASSERT_TRUE(aid->connect({}));
+  auto attempt = raw_listener.accept_one(5s);
+  ASSERT_GE(attempt.fd(), 0);
+  ASSERT_FALSE(read_mpa_frame(attempt, 5s).empty());  // a's request
+
+  std::array<std::uint8_t, wire::kCmHeaderSize> header{};
+  ASSERT_TRUE(wire::encode_cm_header(
+      wire::CmHeader{.node_guid = 0x1, .incarnation = 3, .listen_port = raw_listener.port(), .tag = kTag, .cmid = 1},
+      header));
+  auto colliding = RawSocket::connect_to(a.port);
+  ASSERT_GE(colliding.fd(), 0);
+  ASSERT_TRUE(colliding.send_all(mpa_bytes(wire::MpaFrame{
+      .kind = wire::MpaFrameKind::request,
+      .crc = true,
+      .revision = 2,
+      .enhanced = wire::IrdOrdBlock{.peer_to_peer = true, .write_rtr = true, .ird = 16, .ord = 16},
+      .private_data = header})));
+  // a holds it (a's attempt wins): nothing answers it yet.
+  EXPECT_TRUE(colliding.read_for(200ms).empty());
+
+  attempt.abort();
+  std::vector<CmEventType> seen;
+  for (auto e = a.side.channel->get_event(2s); e; e = a.side.channel->get_event(300ms)) {
+    seen.push_back(e->type);
+    if (e->type == CmEventType::connect_request) a.accepted.push_back(std::move(e->new_id));
+  }
+  ASSERT_FALSE(seen.empty());
+  EXPECT_TRUE(seen.front() == CmEventType::connect_error || seen.front() == CmEventType::unreachable)
+      << "first event: " << to_string(seen.front());
+  for (std::size_t i = 0; i + 1 < seen.size(); ++i)
+    EXPECT_NE(seen[i], CmEventType::connect_request) << "a CONNECT_REQUEST before the attempt's ending";
+}
+
 TEST(PeerToPeer, OptionOffKeepsTheClientServerWire) {
   // With the option off no CM header travels: the listener sees exactly the app's bytes and
   // a simultaneous connect gives two connections (the "naive" model).
