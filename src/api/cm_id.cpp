@@ -292,6 +292,7 @@ void CmIdImpl::on_listen_readable() {
     }
     *holder = *conn;
     handshaking.push_back(*conn);
+    (*conn)->receive_pending();
   }
 }
 
@@ -571,7 +572,13 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
   auto& impl = *impl_;
   std::optional<CmEvent> retracted;  // destroyed after the lock is released (it may own a CmId)
   detail::P2pDriver::Reclaimed reclaimed;
-  std::lock_guard lock(impl.ctx->mutex);
+  std::unique_lock lock(impl.ctx->mutex);
+  if (impl.peer_to_peer && impl.transport == Transport::iwarp && impl.ctx->p2p_listen_port != 0) {
+    // The peer's request for this key may be waiting in our listener or socket: handled now,
+    // it is one this attempt can take instead of dialling a connection of its own (rule 5
+    // refined). Before the checks below: the round releases the lock while it asks epoll.
+    impl.ctx->reactor.run_ready(lock);
+  }
   if (impl.state == detail::CmIdImpl::State::established) return fail(std::errc::already_connected);
   if (impl.state == detail::CmIdImpl::State::connecting) return fail(std::errc::connection_already_in_progress);
   if (impl.state != detail::CmIdImpl::State::route_resolved) return fail(std::errc::invalid_argument);

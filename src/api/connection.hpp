@@ -4,6 +4,7 @@
 #pragma once
 
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <sys/uio.h>
 
 #include <array>
@@ -47,6 +48,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
                                                               const sockaddr_in& peer, const core::MpaConfig& config,
                                                               Callbacks callbacks);
 
+  // Passive: reads what the peer has already sent. A connecting peer sends its Request right
+  // behind the handshake, so it is usually there by the time the socket is accepted: read now,
+  // not one epoll round later.
+  void receive_pending() { on_io(EPOLLIN); }
   // Replaces who hears about this connection (a listener hands it to a new CmId).
   void set_callbacks(Callbacks callbacks) { callbacks_ = std::move(callbacks); }
   core::MpaResponder* responder() { return responder_ ? &*responder_ : nullptr; }

@@ -216,7 +216,16 @@ void Reactor::run_once(std::unique_lock<std::mutex>& lock, std::chrono::millisec
     dispatch_timers(Clock::now());
     return;
   }
+  epoll_round(lock, max_wait);
+}
 
+void Reactor::run_ready(std::unique_lock<std::mutex>& lock) {
+  assert(lock.owns_lock() && lock.mutex() == &owner_);
+  const CurrentReactorScope scope(this);
+  epoll_round(lock, std::chrono::milliseconds(0));
+}
+
+void Reactor::epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait) {
   const Clock::time_point before = Clock::now();
   const std::chrono::nanoseconds timeout =
       wait_timeout(before, max_wait, timers_.empty() ? nullptr : &timers_.begin()->first);

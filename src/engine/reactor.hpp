@@ -82,6 +82,9 @@ class Reactor {
   // ready fds and due timers (mutex held). `lock` must own the owner mutex.
   // A timer ends the wait to the nanosecond (epoll_pwait2); a negative `max_wait` means "poll".
   void run_once(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait);
+  // One round without waiting that asks epoll (never a direct pass only): everything ready
+  // now, dispatched. `lock` as for run_once().
+  void run_ready(std::unique_lock<std::mutex>& lock);
   // Interrupts a run_once() sleeping in another thread. Thread-safe, no lock needed.
   void wake();
 
@@ -137,6 +140,8 @@ class Reactor {
   void thread_main(std::uint64_t generation);
   // Progress thread, owner mutex NOT held: sleeps while a poller's lease lasts.
   void park_during_lease(std::uint64_t generation);
+  // epoll_wait up to `max_wait` (the mutex released), then the ready fds and due timers.
+  void epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait);
 
   std::mutex& owner_;
   int epoll_fd_ = -1;

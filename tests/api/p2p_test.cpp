@@ -268,6 +268,52 @@ TEST(PeerToPeer, AttemptThatWouldLoseToAnUnseenRequestNeverDials) {
   EXPECT_LT(raw_listener.accept_one(200ms).fd(), 0);  // a never dialled
 }
 
+// connect() first handles what the context's sockets already hold: with inline progress and
+// nobody driving it, the raw peer's request still sits in a's accept queue when a connects,
+// and a's attempt still takes it (rule 3 makes it the winner) instead of dialling.
+TEST(PeerToPeer, ConnectFindsARequestTheProgressHasNotReadYet) {
+  Side inline_side(ContextOptions{.node_guid = 0x1, .progress = ProgressMode::inline_});
+  auto listener = std::move(CmId::create(*inline_side.context, *inline_side.channel).value());
+  ASSERT_TRUE(listener->bind(loopback(0)));
+  ASSERT_TRUE(listener->listen(16));
+  const std::uint16_t port = ntohs(listener->local_address().sin_port);
+  RawListener raw_listener;
+  constexpr std::uint32_t kTag = 3;
+  std::array<std::uint8_t, wire::kCmHeaderSize> header{};
+  ASSERT_TRUE(wire::encode_cm_header(wire::CmHeader{.node_guid = ~std::uint64_t{0},
+                                                    .incarnation = 7,
+                                                    .listen_port = raw_listener.port(),
+                                                    .tag = kTag,
+                                                    .cmid = 1},
+                                     header));
+  auto raw = RawSocket::connect_to(port);
+  ASSERT_GE(raw.fd(), 0);
+  ASSERT_TRUE(raw.send_all(mpa_bytes(wire::MpaFrame{
+      .kind = wire::MpaFrameKind::request,
+      .crc = true,
+      .revision = 2,
+      .enhanced = wire::IrdOrdBlock{.peer_to_peer = true, .write_rtr = true, .ird = 16, .ord = 16},
+      .private_data = header})));
+
+  // Nothing drives inline progress until connect(): resolve_addr and resolve_route only queue
+  // their events.
+  auto id = std::move(CmId::create(*inline_side.context, *inline_side.channel).value());
+  ASSERT_TRUE(id->set_option(CmOption::p2p_tag, kTag));
+  ASSERT_TRUE(id->resolve_addr(loopback(raw_listener.port())));
+  ASSERT_TRUE(id->resolve_route());
+  id->create_qp(*inline_side.pd, inline_side.qp_attr()).value();
+  EXPECT_EQ(cm_stats(*inline_side.context).delivered_requests, 0u);
+  ASSERT_TRUE(id->connect({}));
+  EXPECT_EQ(cm_stats(*inline_side.context).collisions_lost, 1u);
+  EXPECT_LT(raw_listener.accept_one(200ms).fd(), 0);  // never dialled
+  inline_side.context->progress(std::chrono::milliseconds(0));  // sends what connect() queued, if anything
+  const auto reply = read_mpa_frame(raw, 2s);
+  ASSERT_FALSE(reply.empty());
+  auto decoded = wire::decode_mpa_frame(reply, wire::MpaFrameKind::reply);
+  ASSERT_TRUE(decoded);
+  EXPECT_FALSE(decoded->rejected);
+}
+
 // Rule 3, active side: the request our attempt holds proceeds (rule 4) only once the attempt
 // has ended, and the application hears of that ending first. A raw peer with the smaller GUID
 // takes a's attempt, sends its own colliding request, then resets a's attempt.

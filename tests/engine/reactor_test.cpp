@@ -431,6 +431,26 @@ TEST_F(ReactorTest, DirectPassesOfferEpolloutOnlyWhileItIsInTheInterest) {
   reactor.remove(p.r);
 }
 
+// run_ready() asks epoll on every call: an fd that is not read directly (a listener, say) is
+// dispatched even where run_once(0) would make a direct pass only.
+TEST_F(ReactorTest, RunReadyAsksEpollWhereAPollerPassWouldNot) {
+  Pipe direct, other;
+  int other_calls = 0;
+  ASSERT_TRUE(reactor.add(direct.r, kIn, [&](std::uint32_t) { direct.drain(); }));
+  ASSERT_TRUE(reactor.add(other.r, kIn, [&](std::uint32_t) {
+    other.drain();
+    ++other_calls;
+  }));
+  reactor.poll_directly(direct.r, true);
+  other.put();
+  reactor.run_once(lock, 0ms);  // a direct pass (not the kEpollEvery-th)
+  EXPECT_EQ(other_calls, 0);
+  reactor.run_ready(lock);
+  EXPECT_EQ(other_calls, 1);
+  reactor.remove(direct.r);
+  reactor.remove(other.r);
+}
+
 TEST_F(ReactorTest, OtherFdsAndTimersStillRunDuringDirectPasses) {
   Pipe direct, other;
   ASSERT_TRUE(reactor.add(direct.r, kIn, [&](std::uint32_t) { direct.drain(); }));

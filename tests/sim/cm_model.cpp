@@ -2,6 +2,7 @@
 // and application calls become resolver inputs; each P2pAction becomes what a CM would do with
 // the connection and the CmId (apply()). The application is modelled too: it answers
 // CONNECT_REQUESTs, posts work requests while connecting, closes and reconnects.
+#include <algorithm>
 #include <chrono>
 #include <system_error>
 
@@ -326,6 +327,9 @@ void World::app_connect(int index, int peer, std::uint32_t tag) {
   const Time deadline = now_ + scenario_.timeout;
   const auto status = node.resolver->connect(key_of(peer, tag), number, id, deadline);
   if (!status) {
+    if (status.error() == std::errc::connection_already_in_progress &&
+        take_unseen_request(index, peer, tag, number, id, deadline))
+      return;
     // Rule 5: EISCONN / EALREADY — the connection exists or is on its way.
     trace("{}: connect c{} to n{} tag {}: {}", name(index), number, peer, tag,
           std::make_error_code(status.error()).message());
@@ -335,6 +339,14 @@ void World::app_connect(int index, int peer, std::uint32_t tag) {
   Link& k = link(id);
   k.open[0] = true;
   k.cmid[0] = number;
+  start_attempt(index, peer, tag, number, id, deadline);
+  send(id, 0, Message{.kind = MessageKind::request, .from = node.id, .cmid = number, .tag = tag,
+                      .listen_port = port_of(index)});
+  drain(index);
+}
+
+CmId& World::start_attempt(int index, int peer, std::uint32_t tag, AttemptId number, LinkId id, Time deadline) {
+  Node& node = nodes_[static_cast<std::size_t>(index)];
   CmId& cmid = node.cmids[number] = CmId{.number = number, .active = true, .peer = peer, .tag = tag,
                                          .link = id, .attempt = attempts_.size()};
   attempts_.push_back({.node = index, .peer = peer, .tag = tag, .cmid = number, .start = now_,
@@ -345,9 +357,45 @@ void World::app_connect(int index, int peer, std::uint32_t tag) {
     schedule({.at = now_ + 2 * delay(), .kind = EventKind::post_wr, .node = index,
               .epoch = node.epoch, .cmid = number});
   }
-  send(id, 0, Message{.kind = MessageKind::request, .from = node.id, .cmid = number, .tag = tag,
-                      .listen_port = port_of(index)});
+  return cmid;
+}
+
+// Rule 5 refined (docs/p2p.md): the request the application has not answered is retracted from
+// it and meets the new attempt as a colliding request (rule 3) before the attempt's own request
+// goes out: bound to it when it wins, held when the attempt wins (whose request then goes out).
+bool World::take_unseen_request(int index, int peer, std::uint32_t tag, AttemptId number, LinkId id,
+                                Time deadline) {
+  Node& node = nodes_[static_cast<std::size_t>(index)];
+  const auto unseen = std::find_if(node.cmids.begin(), node.cmids.end(), [&](const auto& entry) {
+    const CmId& c = entry.second;
+    return !c.active && c.state == CmId::State::awaiting_app && c.peer == peer && c.tag == tag;
+  });
+  if (unseen == node.cmids.end() || !rng_.percent(scenario_.take_unseen_percent)) return false;
+  const LinkId request = unseen->second.link;
+  const Link& k = link(request);
+  node.resolver->handle_request_rejected(request);  // the CM takes it back from the listener
+  const auto status = node.resolver->connect(key_of(peer, tag), number, id, deadline);
+  if (!status) {
+    violation(fmt::format("{}: connect c{} after taking back the request on L{}: {}", name(index), number,
+                          request, std::make_error_code(status.error()).message()));
+    return true;
+  }
+  trace("{}: connect c{} to n{} tag {} on L{} takes back the unanswered request on L{} (c{})", name(index),
+        number, peer, tag, id, request, unseen->first);
+  node.cmids.erase(unseen);
+  ++result_.stats.taken_back;
+  start_attempt(index, peer, tag, number, id, deadline);
+  node.resolver->handle_request(key_of(peer, tag), request, k.initiator, k.cmid[0], now_);
   drain(index);
+  const CmId* cmid = find_cmid(index, number);
+  if (cmid != nullptr && cmid->link == id) {  // not bound to the request: ours goes out
+    Link& own = link(id);
+    own.open[0] = true;
+    own.cmid[0] = number;
+    send(id, 0, Message{.kind = MessageKind::request, .from = node.id, .cmid = number, .tag = tag,
+                        .listen_port = port_of(index)});
+  }
+  return true;
 }
 
 void World::app_answer(const Event& event) {

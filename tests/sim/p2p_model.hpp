@@ -49,6 +49,9 @@ struct Scenario {
   unsigned app_reject_percent = 0;    // the app rejects a CONNECT_REQUEST
   unsigned close_percent = 0;         // the app closes an ESTABLISHED connection later
   unsigned reconnect_percent = 0;     // ... and connects again at once / after DISCONNECTED
+  // A connect whose key has a CONNECT_REQUEST the app has not answered yet takes it back from
+  // the app (docs/p2p.md, rule 5 refined: the CM retracts the unseen event) instead of EALREADY.
+  unsigned take_unseen_percent = 0;
   int crashes = 0;
   bool shared_guids = false;  // nodes configured with equal GUIDs: the attempt id decides
   // When the responder's CmId becomes ESTABLISHED: as it sends the accept Reply (what
@@ -202,6 +205,9 @@ class World {
   void apply(int index, const P2pAction& action);
   void arm_timer(int index);
   void app_connect(int index, int peer, std::uint32_t tag);
+  // The active CmId of an attempt the resolver took, with its record and work requests.
+  CmId& start_attempt(int index, int peer, std::uint32_t tag, AttemptId number, LinkId id, Time deadline);
+  bool take_unseen_request(int index, int peer, std::uint32_t tag, AttemptId number, LinkId id, Time deadline);
   void app_answer(const Event& event);
   void app_close(const Event& event);
   void post_work_request(const Event& event);

@@ -20,6 +20,7 @@ struct SimStats {
   std::uint64_t attempts = 0;            // connects the resolver took (not EISCONN/EALREADY)
   std::uint64_t established = 0;         // attempts that ended ESTABLISHED
   std::uint64_t collisions = 0;          // accept_into_attempt, summed over nodes
+  std::uint64_t taken_back = 0;          // unanswered requests a connect took back from the app
   std::uint64_t rejected_duplicate = 0;  // reject(duplicate), summed over nodes
   std::uint64_t replaced = 0;            // rule 6 replacements (restart or stale)
   std::uint64_t timed_out = 0;           // attempt_failed

@@ -72,6 +72,7 @@ TEST(P2pSimulation, SchedulesCoverCollisionsDuplicatesRestartsAndTimeouts) {
   for (std::uint64_t seed = 1; seed <= 5000; ++seed) {
     const SimResult result = run_p2p_simulation(seed, SimConfig{});
     total.collisions += result.stats.collisions;
+    total.taken_back += result.stats.taken_back;
     total.rejected_duplicate += result.stats.rejected_duplicate;
     total.replaced += result.stats.replaced;
     total.crashes += result.stats.crashes;
@@ -79,6 +80,7 @@ TEST(P2pSimulation, SchedulesCoverCollisionsDuplicatesRestartsAndTimeouts) {
     total.work_requests += result.stats.work_requests;
   }
   EXPECT_GT(total.collisions, 100u);
+  EXPECT_GT(total.taken_back, 100u);
   EXPECT_GT(total.rejected_duplicate, 10u);
   EXPECT_GT(total.replaced, 10u);
   EXPECT_GT(total.crashes, 100u);

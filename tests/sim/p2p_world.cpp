@@ -32,6 +32,7 @@ Scenario pick_scenario(Rng& rng, const SimConfig& config) {
   s.crashes = rng.percent(60) ? 0 : rng.between(1, 2);
   s.shared_guids = rng.percent(30);
   s.responder_established_on_reply = rng.percent(50);
+  s.take_unseen_percent = kPercents[rng.between(0, 3)];
   return s;
 }
 
