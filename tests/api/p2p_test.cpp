@@ -230,21 +230,10 @@ TEST(PeerToPeer, AttemptThatWouldLoseToAnUnseenRequestNeverDials) {
   Node a(0x1);
   RawListener raw_listener;
   constexpr std::uint32_t kTag = 9;
-  std::array<std::uint8_t, wire::kCmHeaderSize> header{};
-  ASSERT_TRUE(wire::encode_cm_header(wire::CmHeader{.node_guid = ~std::uint64_t{0},
-                                                    .incarnation = 7,
-                                                    .listen_port = raw_listener.port(),
-                                                    .tag = kTag,
-                                                    .cmid = 1},
-                                     header));
   auto raw = RawSocket::connect_to(a.port);
   ASSERT_GE(raw.fd(), 0);
-  ASSERT_TRUE(raw.send_all(mpa_bytes(wire::MpaFrame{
-      .kind = wire::MpaFrameKind::request,
-      .crc = true,
-      .revision = 2,
-      .enhanced = wire::IrdOrdBlock{.peer_to_peer = true, .write_rtr = true, .ird = 16, .ord = 16},
-      .private_data = header})));
+  ASSERT_TRUE(raw.send_all(p2p_request_bytes(wire::CmHeader{
+      .node_guid = ~std::uint64_t{0}, .incarnation = 7, .listen_port = raw_listener.port(), .tag = kTag, .cmid = 1})));
   const auto deadline = std::chrono::steady_clock::now() + 5s;
   while (cm_stats(*a.side.context).delivered_requests < 1 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(1ms);
@@ -279,21 +268,10 @@ TEST(PeerToPeer, ConnectFindsARequestTheProgressHasNotReadYet) {
   const std::uint16_t port = ntohs(listener->local_address().sin_port);
   RawListener raw_listener;
   constexpr std::uint32_t kTag = 3;
-  std::array<std::uint8_t, wire::kCmHeaderSize> header{};
-  ASSERT_TRUE(wire::encode_cm_header(wire::CmHeader{.node_guid = ~std::uint64_t{0},
-                                                    .incarnation = 7,
-                                                    .listen_port = raw_listener.port(),
-                                                    .tag = kTag,
-                                                    .cmid = 1},
-                                     header));
   auto raw = RawSocket::connect_to(port);
   ASSERT_GE(raw.fd(), 0);
-  ASSERT_TRUE(raw.send_all(mpa_bytes(wire::MpaFrame{
-      .kind = wire::MpaFrameKind::request,
-      .crc = true,
-      .revision = 2,
-      .enhanced = wire::IrdOrdBlock{.peer_to_peer = true, .write_rtr = true, .ird = 16, .ord = 16},
-      .private_data = header})));
+  ASSERT_TRUE(raw.send_all(p2p_request_bytes(wire::CmHeader{
+      .node_guid = ~std::uint64_t{0}, .incarnation = 7, .listen_port = raw_listener.port(), .tag = kTag, .cmid = 1})));
 
   // Nothing drives inline progress until connect(): resolve_addr and resolve_route only queue
   // their events.
@@ -327,18 +305,10 @@ TEST(PeerToPeer, HeldRequestReachesTheApplicationOnlyAfterTheAttemptsEnding) {
   ASSERT_GE(attempt.fd(), 0);
   ASSERT_FALSE(read_mpa_frame(attempt, 5s).empty());  // a's request
 
-  std::array<std::uint8_t, wire::kCmHeaderSize> header{};
-  ASSERT_TRUE(wire::encode_cm_header(
-      wire::CmHeader{.node_guid = 0x1, .incarnation = 3, .listen_port = raw_listener.port(), .tag = kTag, .cmid = 1},
-      header));
   auto colliding = RawSocket::connect_to(a.port);
   ASSERT_GE(colliding.fd(), 0);
-  ASSERT_TRUE(colliding.send_all(mpa_bytes(wire::MpaFrame{
-      .kind = wire::MpaFrameKind::request,
-      .crc = true,
-      .revision = 2,
-      .enhanced = wire::IrdOrdBlock{.peer_to_peer = true, .write_rtr = true, .ird = 16, .ord = 16},
-      .private_data = header})));
+  ASSERT_TRUE(colliding.send_all(p2p_request_bytes(wire::CmHeader{
+      .node_guid = 0x1, .incarnation = 3, .listen_port = raw_listener.port(), .tag = kTag, .cmid = 1})));
   // a holds it (a's attempt wins): nothing answers it yet.
   EXPECT_TRUE(colliding.read_for(200ms).empty());
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "wire/cm_header.hpp"
 #include "wire/fpdu.hpp"
 #include "wire/mpa_frame.hpp"
 
@@ -165,6 +166,19 @@ inline std::vector<std::uint8_t> mpa_request_bytes(bool crc, std::span<const std
                                   .revision = 2,
                                   .enhanced = wire::IrdOrdBlock{.ird = 16, .ord = 16},
                                   .private_data = private_data});
+}
+
+// A p2p MPA Request as another peercm node sends it: CRC on, RFC 6581 peer-to-peer mode with a
+// Write RTR offered, and the CM header (design.md §3 rule 1) naming the sender.
+inline std::vector<std::uint8_t> p2p_request_bytes(const wire::CmHeader& header) {
+  std::array<std::uint8_t, wire::kCmHeaderSize> encoded{};
+  if (!wire::encode_cm_header(header, encoded)) return {};
+  return mpa_bytes(wire::MpaFrame{
+      .kind = wire::MpaFrameKind::request,
+      .crc = true,
+      .revision = 2,
+      .enhanced = wire::IrdOrdBlock{.peer_to_peer = true, .write_rtr = true, .ird = 16, .ord = 16},
+      .private_data = encoded});
 }
 
 // One whole MPA frame (header, then PD_Length bytes); empty when it does not come in time.
