@@ -25,8 +25,7 @@
 // followed by an 8-byte request answered with 8 bytes, timed per connection from connect()
 // to the reply; the ratio peercm/TCP compares the connect step with it. Both are also given
 // as the process's CPU time (every thread, user and system) per connection over the connect
-// step and over the baseline: the work each does, which the host's scheduling noise moves
-// far less than the latencies.
+// step and over the baseline: the work each does, wherever the scheduler put it.
 //
 // Connect private data (after the CM header in p2p mode): magic "CMTM", the pair number.
 #include <fmt/core.h>
