@@ -623,6 +623,7 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
       if (impl.link != link_id) return {};  // bound to the peer's request (or ended)
     }
   }
+  impl.state = detail::CmIdImpl::State::connecting;
   auto conn = detail::Connection::open(impl.ctx, impl.destination, impl.bound_address,
                                        impl.mpa_config(param.responder_resources, param.initiator_depth),
                                        std::move(private_data), impl.connection_callbacks(link_id));
@@ -633,7 +634,6 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
   }
   impl.connection = *conn;
   impl.connection->bind_qp(impl.qp_impl);
-  impl.state = detail::CmIdImpl::State::connecting;
   if (link_id != 0) impl.ctx->p2p->run();
   return {};
 }

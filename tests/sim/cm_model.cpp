@@ -336,13 +336,17 @@ void World::app_connect(int index, int peer, std::uint32_t tag) {
     return;
   }
   trace("{}: connect c{} to n{} tag {} on L{}", name(index), number, peer, tag, id);
+  start_attempt(index, peer, tag, number, id, deadline);
+  send_request(index, id, number, tag);
+  drain(index);
+}
+
+void World::send_request(int index, LinkId id, AttemptId number, std::uint32_t tag) {
   Link& k = link(id);
   k.open[0] = true;
   k.cmid[0] = number;
-  start_attempt(index, peer, tag, number, id, deadline);
-  send(id, 0, Message{.kind = MessageKind::request, .from = node.id, .cmid = number, .tag = tag,
-                      .listen_port = port_of(index)});
-  drain(index);
+  send(id, 0, Message{.kind = MessageKind::request, .from = nodes_[static_cast<std::size_t>(index)].id,
+                      .cmid = number, .tag = tag, .listen_port = port_of(index)});
 }
 
 CmId& World::start_attempt(int index, int peer, std::uint32_t tag, AttemptId number, LinkId id, Time deadline) {
@@ -388,13 +392,7 @@ bool World::take_unseen_request(int index, int peer, std::uint32_t tag, AttemptI
   node.resolver->handle_request(key_of(peer, tag), request, k.initiator, k.cmid[0], now_);
   drain(index);
   const CmId* cmid = find_cmid(index, number);
-  if (cmid != nullptr && cmid->link == id) {  // not bound to the request: ours goes out
-    Link& own = link(id);
-    own.open[0] = true;
-    own.cmid[0] = number;
-    send(id, 0, Message{.kind = MessageKind::request, .from = node.id, .cmid = number, .tag = tag,
-                        .listen_port = port_of(index)});
-  }
+  if (cmid != nullptr && cmid->link == id) send_request(index, id, number, tag);  // not bound: ours goes out
   return true;
 }
 

@@ -207,6 +207,8 @@ class World {
   void app_connect(int index, int peer, std::uint32_t tag);
   // The active CmId of an attempt the resolver took, with its record and work requests.
   CmId& start_attempt(int index, int peer, std::uint32_t tag, AttemptId number, LinkId id, Time deadline);
+  // The attempt's request on its own link `id`, which opens at the initiator's end.
+  void send_request(int index, LinkId id, AttemptId number, std::uint32_t tag);
   bool take_unseen_request(int index, int peer, std::uint32_t tag, AttemptId number, LinkId id, Time deadline);
   void app_answer(const Event& event);
   void app_close(const Event& event);
