@@ -43,11 +43,12 @@ void ContextImpl::progress(std::chrono::milliseconds max_wait) {
   reactor.run_once(lock, max_wait);
 }
 
-void ContextImpl::try_progress() {
+bool ContextImpl::try_progress() {
   std::unique_lock lock(mutex, std::try_to_lock);
-  if (!lock.owns_lock()) return;  // the progress thread is at work: nothing to gain
+  if (!lock.owns_lock()) return false;  // the progress thread is at work: nothing to gain
   reactor.run_once(lock, std::chrono::milliseconds(0));
-  reactor.lend_to_poller(kPollerLease);
+  reactor.renew_poller_lease(kPollerLease);
+  return true;
 }
 
 void ContextImpl::poller_will_block() { reactor.end_poller_lease(); }
@@ -73,7 +74,8 @@ void ContextImpl::wait_as_poller(int fd, std::chrono::milliseconds max_wait) {
   std::array<pollfd, 2> fds{pollfd{fd, POLLIN, 0}, pollfd{reactor.pollable_fd(), POLLIN, 0}};
   const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(slice.count()));
   if (ready == 0 || (fds[1].revents & POLLIN)) {
-    try_progress();  // lends the usual lease again
+    // The usual lease again, from a fresh clock reading: the reactor's last may predate the sleep.
+    if (try_progress()) reactor.lend_to_poller(kPollerLease);
   } else {
     // Woken by `fd` alone: the caller is about to leave; the lease lent for the whole slice
     // must not keep the progress thread parked after it.

@@ -37,8 +37,9 @@ struct ContextImpl {
   // Inline mode: run the reactor once on the caller's thread.
   void progress(std::chrono::milliseconds max_wait);
   // Thread mode: a polling application thread may run one non-blocking reactor pass itself
-  // when the lock is free, instead of waiting for the progress thread to wake up.
-  void try_progress();
+  // when the lock is free, instead of waiting for the progress thread to wake up. It then
+  // renews its lease from the reactor's last clock reading; false if the lock was taken.
+  bool try_progress();
   // A polling thread is about to sleep (arming a CQ, waiting on a channel): progress must
   // not wait for its lease to run out.
   void poller_will_block();

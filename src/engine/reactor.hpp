@@ -100,6 +100,10 @@ class Reactor {
   // waking for every event only to race the poller for the mutex and the CPU. The lease
   // ends on its own, or at once when the poller is about to block. Thread-safe.
   void lend_to_poller(Clock::duration lease);
+  // lend_to_poller() from the reactor's last clock reading instead of a new one (owner mutex
+  // held). A poller renews its lease on every pass; the reading is at most kEpollEvery - 1
+  // direct passes old, so the lease only ever ends earlier than a fresh reading would put it.
+  void renew_poller_lease(Clock::duration lease);
   void end_poller_lease();
   // When the current lease ends (the epoch when none is lent). Thread-safe.
   Clock::time_point poller_lease_end() const {
@@ -156,6 +160,8 @@ class Reactor {
   std::set<std::uint64_t> direct_ids_;
   std::vector<std::uint64_t> direct_scratch_;
   unsigned poller_passes_ = 0;
+  // The latest Clock::now() a round took (guarded by owner_): renew_poller_lease() uses it.
+  Clock::time_point clock_seen_{};
 
   // Guarded by owner_. Ordered by deadline (ties: insertion order); index for cancel.
   TimerId next_timer_id_ = 1;

@@ -451,6 +451,27 @@ TEST_F(ReactorTest, RunReadyAsksEpollWhereAPollerPassWouldNot) {
   reactor.remove(other.r);
 }
 
+// A poller renews its lease on every pass without a clock reading of its own: the lease runs
+// from the last round that read the clock, so it is never longer than a fresh one, and a
+// poller back after a pause renews nothing until a round has read the clock again.
+TEST_F(ReactorTest, PollerLeaseRenewalRunsFromTheLastRoundsClockReading) {
+  constexpr auto kLease = 200us;
+  const Clock::time_point before_round = Clock::now();
+  reactor.run_ready(lock);  // reads the clock
+  const Clock::time_point after_round = Clock::now();
+  reactor.renew_poller_lease(kLease);
+  EXPECT_GE(reactor.poller_lease_end(), before_round + kLease);
+  EXPECT_LE(reactor.poller_lease_end(), after_round + kLease);
+
+  std::this_thread::sleep_for(2 * kLease);
+  reactor.renew_poller_lease(kLease);  // no round since: the lease is over already
+  EXPECT_LT(reactor.poller_lease_end(), Clock::now());
+  reactor.run_ready(lock);
+  reactor.renew_poller_lease(kLease);
+  EXPECT_GT(reactor.poller_lease_end(), Clock::now());
+  reactor.end_poller_lease();
+}
+
 TEST_F(ReactorTest, OtherFdsAndTimersStillRunDuringDirectPasses) {
   Pipe direct, other;
   ASSERT_TRUE(reactor.add(direct.r, kIn, [&](std::uint32_t) { direct.drain(); }));
