@@ -38,6 +38,7 @@ FIELDS = ["rep", "seq", "group", "size", "contender", "stat", "value", "unit", "
 CONTENDERS = [
     ("tcp", "raw TCP (peercm perf in-process baseline)"),
     ("tcp-1cpu", "raw TCP, both ends on one CPU (peercm perf --pin, loopback only)"),
+    ("tcp-spin", "raw TCP, both ends busy-polling recv() on their own CPUs (peercm perf --pin): the polling floor"),
     ("sockperf", "raw TCP, sockperf ping-pong"),
     ("iperf3", "raw TCP, iperf3"),
     ("libfabric", "libfabric tcp (fi_pingpong -e msg)"),
@@ -53,6 +54,7 @@ LABEL = dict(CONTENDERS)
 SHORT = {
     "tcp": "TCP",
     "tcp-1cpu": "TCP 1 CPU",
+    "tcp-spin": "TCP polling",
     "sockperf": "sockperf",
     "iperf3": "iperf3",
     "libfabric": "libfabric",
@@ -107,6 +109,10 @@ def parse_peercm(text, contender, size):
             od = d["tcp_one_cpu_detail"]
             out += [("tcp-1cpu", "p50_us", od["median"], "us", f"baseline of {contender}"),
                     ("tcp-1cpu", "mean_us", od["average"], "us", f"baseline of {contender}")]
+        if "tcp_spin_detail" in d:
+            sd = d["tcp_spin_detail"]
+            out += [("tcp-spin", "p50_us", sd["median"], "us", f"baseline of {contender}"),
+                    ("tcp-spin", "mean_us", sd["average"], "us", f"baseline of {contender}")]
     else:
         out = [
             (contender, "GBps", d["peercm"] / 1000.0, "GB/s", ""),

@@ -123,17 +123,21 @@ def run_perf(args):
             fail(f"{key} = {value!r} is not a positive number")
     if not math.isclose(result["ratio"], result["peercm"] / result["tcp"], rel_tol=1e-6):
         fail("ratio is not peercm/tcp")
-    # --pin in lat mode adds the TCP ping-pong with both ends on one CPU; nothing else has it.
-    one_cpu = args.pin and args.mode == "lat"
-    for key in ("tcp_one_cpu", "ratio_one_cpu", "tcp_one_cpu_detail"):
-        if (key in result) != one_cpu:
-            fail(f"JSON field {key} is {'missing' if one_cpu else 'unexpected'}")
-    if one_cpu:
-        value = result["tcp_one_cpu"]
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            fail(f"tcp_one_cpu = {value!r} is not a positive number")
-        if not math.isclose(result["ratio_one_cpu"], result["peercm"] / value, rel_tol=1e-6):
-            fail("ratio_one_cpu is not peercm/tcp_one_cpu")
+    # --pin in lat mode adds the TCP ping-pong with both ends on one CPU and the one with both
+    # ends busy-polling; nothing else has them.
+    extra = args.pin and args.mode == "lat"
+    for name in ("one_cpu", "spin"):
+        for key in (f"tcp_{name}", f"ratio_{name}", f"tcp_{name}_detail"):
+            if (key in result) != extra:
+                fail(f"JSON field {key} is {'missing' if extra else 'unexpected'}")
+        if extra:
+            value = result[f"tcp_{name}"]
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                fail(f"tcp_{name} = {value!r} is not a positive number")
+            if not math.isclose(result[f"ratio_{name}"], result["peercm"] / value, rel_tol=1e-6):
+                fail(f"ratio_{name} is not peercm/tcp_{name}")
+            if not math.isclose(result[f"tcp_{name}_detail"]["median"], value, rel_tol=1e-9):
+                fail(f"tcp_{name}_detail.median is not tcp_{name}")
     print("ok")
 
 

@@ -493,6 +493,7 @@ struct Results {
   Measurement peercm;
   Measurement tcp;
   std::optional<Measurement> tcp_one_cpu;  // --loopback --pin, lat: both TCP ends on one CPU
+  std::optional<Measurement> tcp_spin;     // --loopback --pin, lat: both TCP ends busy-polling
 };
 
 Results run_client_side(Device& device, const sockaddr_in& peercm_dst, const sockaddr_in& tcp_dst,
@@ -508,32 +509,38 @@ Results run_client_side(Device& device, const sockaddr_in& peercm_dst, const soc
   return r;
 }
 
-// The same TCP ping-pong with both ends on the first CPU.
-Measurement tcp_one_cpu(const PerfParams& p) {
+// The TCP ping-pong once more over loopback, its ends on the CPUs of the given pin slots.
+Measurement tcp_loopback(const PerfParams& p, std::size_t server_slot, std::size_t client_slot, TcpWait wait,
+                         std::string_view name) {
   Socket listener = tcp_listen(*parse_address("127.0.0.1", 0));
   std::string server_error;
   std::thread server([&] {
     try {
-      const PinScope pin(0);
+      const PinScope pin(server_slot);
       Socket tcp = tcp_accept(listener);
-      tcp_server(tcp, p);
+      tcp_server(tcp, p, wait);
     } catch (const std::exception& e) {
       server_error = e.what();
     }
   });
   Measurement m;
   try {
-    const PinScope pin(0);
+    const PinScope pin(client_slot);
     Socket tcp = tcp_connect(*parse_address("127.0.0.1", local_port(listener)));
-    m = tcp_client(tcp, p);
+    m = tcp_client(tcp, p, wait);
   } catch (...) {
     server.join();
     throw;
   }
   server.join();
-  if (!server_error.empty()) throw ToolError("tcp one-cpu baseline: " + server_error);
+  if (!server_error.empty()) throw ToolError(fmt::format("tcp {} baseline: {}", name, server_error));
   return m;
 }
+
+// Both ends on the first CPU: each wake-up a plain context switch.
+Measurement tcp_one_cpu(const PerfParams& p) { return tcp_loopback(p, 0, 0, TcpWait::block, "one-cpu"); }
+// Both ends busy-polling on their own CPUs: what a polling stack over TCP sockets cannot beat.
+Measurement tcp_spin(const PerfParams& p) { return tcp_loopback(p, 0, 1, TcpWait::spin, "spin"); }
 
 // --- options and output ---
 
@@ -619,6 +626,12 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
       out["ratio_one_cpu"] = one_cpu > 0 ? peercm / one_cpu : 0.0;
       out["tcp_one_cpu_detail"] = detail_json(p, *r.tcp_one_cpu);
     }
+    if (r.tcp_spin) {
+      const double spin = headline(p, *r.tcp_spin);
+      out["tcp_spin"] = spin;
+      out["ratio_spin"] = spin > 0 ? peercm / spin : 0.0;
+      out["tcp_spin_detail"] = detail_json(p, *r.tcp_spin);
+    }
     if (p.mode == PerfMode::lat) {
       out["warmup"] = p.warmup;
       out["statistic"] = p.op == PerfOp::read ? "median completion time" : "median one-way (RTT/2)";
@@ -637,15 +650,19 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
       const Summary s = summarize(m->samples);
       fmt::print("  {:<18} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", name, s.median, s.average, s.min, s.p99);
     }
-    if (r.tcp_one_cpu) {
-      const Summary s = summarize(r.tcp_one_cpu->samples);
-      fmt::print("  {:<18} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", "tcp, one CPU", s.median, s.average, s.min,
-                 s.p99);
+    for (auto [name, m] : {std::pair{"tcp, one CPU", &r.tcp_one_cpu}, std::pair{"tcp, busy-polling", &r.tcp_spin}}) {
+      if (!*m) continue;
+      const Summary s = summarize((*m)->samples);
+      fmt::print("  {:<18} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", name, s.median, s.average, s.min, s.p99);
     }
     fmt::print("  {:<18} {:>10.2f}\n", "ratio peercm/tcp", ratio);
     if (r.tcp_one_cpu) {
       const double one_cpu = headline(p, *r.tcp_one_cpu);
       fmt::print("  {:<18} {:>10.2f}\n", "ratio to one CPU", one_cpu > 0 ? peercm / one_cpu : 0.0);
+    }
+    if (r.tcp_spin) {
+      const double spin = headline(p, *r.tcp_spin);
+      fmt::print("  {:<18} {:>10.2f}\n", "ratio to polling", spin > 0 ? peercm / spin : 0.0);
     }
   } else {
     fmt::print("peercm perf: {} bw, {} B x {} ({:.1f} MB), window {}, progress {}, crc {}\n", to_string(p.op), p.size,
@@ -693,6 +710,7 @@ int run_loopback(const PerfOptions& o) {
   if (client_error.empty() && server_error.empty() && g_pin && p.mode == PerfMode::lat) {
     try {
       results.tcp_one_cpu = tcp_one_cpu(p);
+      results.tcp_spin = tcp_spin(p);
     } catch (const std::exception& e) {
       client_error = e.what();
     }
@@ -783,7 +801,8 @@ void add_perf(CLI::App& app) {
   cmd->add_flag("--pin", o->pin,
                 "Pin each end's application thread to its own CPU (server: the first allowed CPU, client: the "
                 "second), as perftest under taskset, in the peercm run and in the TCP baseline; with --loopback in "
-                "lat mode, also measure TCP with both ends on the first CPU (tcp_one_cpu)");
+                "lat mode, also measure TCP with both ends on the first CPU (tcp_one_cpu) and with both ends busy-polling "
+                "on their own CPUs (tcp_spin)");
   cmd->add_flag("--json", o->json, "Print the result as JSON");
   cmd->callback([o] {
     if (o->spin_us >= 0) g_spin = std::chrono::microseconds(o->spin_us);

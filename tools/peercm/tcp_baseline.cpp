@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 namespace peercm::tool {
@@ -43,11 +44,20 @@ void write_all(int fd, const std::uint8_t* data, std::size_t n) {
   }
 }
 
-void read_all(int fd, std::uint8_t* data, std::size_t n) {
+void read_all(int fd, std::uint8_t* data, std::size_t n, TcpWait wait = TcpWait::block) {
+  const int flags = wait == TcpWait::spin ? MSG_DONTWAIT : 0;
+  std::uint64_t empty_reads = 0;
+  const auto deadline = Clock::now() + kWaitTimeout;
   while (n > 0) {
-    const ssize_t r = ::recv(fd, data, n, 0);
+    const ssize_t r = ::recv(fd, data, n, flags);
     if (r < 0) {
       if (errno == EINTR) continue;
+      // Spinning: SO_RCVTIMEO cannot end the wait, so look at the clock now and then; and
+      // yield now and then, as peercm's pollers do, in case the other end shares the CPU.
+      if (wait == TcpWait::spin && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (++empty_reads % 64 == 0) std::this_thread::yield();
+        if (empty_reads % 4096 != 0 || Clock::now() < deadline) continue;
+      }
       throw_errno("recv");
     }
     if (r == 0) throw ToolError("tcp recv: the peer closed the connection");
@@ -131,7 +141,7 @@ Socket tcp_connect(const sockaddr_in& destination, std::chrono::milliseconds tim
   }
 }
 
-Measurement tcp_client(Socket& socket, const PerfParams& p) {
+Measurement tcp_client(Socket& socket, const PerfParams& p, TcpWait wait) {
   const int fd = socket.fd();
   Measurement m;
   std::vector<std::uint8_t> buffer(std::max<std::size_t>(p.size, 1 << 20), 0xA5);
@@ -142,10 +152,10 @@ Measurement tcp_client(Socket& socket, const PerfParams& p) {
       const auto t0 = Clock::now();
       if (p.op == PerfOp::read) {
         write_all(fd, request, sizeof request);
-        read_all(fd, buffer.data(), p.size);
+        read_all(fd, buffer.data(), p.size, wait);
       } else {
         write_all(fd, buffer.data(), p.size);
-        read_all(fd, buffer.data(), p.size);
+        read_all(fd, buffer.data(), p.size, wait);
       }
       const double us = micros(Clock::now() - t0);
       if (i >= p.warmup) m.samples.push_back(p.op == PerfOp::read ? us : us / 2);
@@ -166,13 +176,14 @@ Measurement tcp_client(Socket& socket, const PerfParams& p) {
   return m;
 }
 
-void tcp_server(Socket& socket, const PerfParams& p) {
+void tcp_server(Socket& socket, const PerfParams& p, TcpWait wait) {
   const int fd = socket.fd();
   std::vector<std::uint8_t> buffer(std::max<std::size_t>(p.size, 1 << 20), 0x5A);
   std::uint8_t request[kRequestSize] = {};
   if (p.mode == PerfMode::lat) {
     for (std::uint64_t i = 0; i < p.warmup + p.iters; ++i) {
-      read_all(fd, p.op == PerfOp::read ? request : buffer.data(), p.op == PerfOp::read ? sizeof request : p.size);
+      read_all(fd, p.op == PerfOp::read ? request : buffer.data(), p.op == PerfOp::read ? sizeof request : p.size,
+               wait);
       write_all(fd, buffer.data(), p.size);
     }
   } else if (p.op == PerfOp::read) {

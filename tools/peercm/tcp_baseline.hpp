@@ -40,7 +40,12 @@ std::uint16_t local_port(const Socket& socket);
 Socket tcp_accept(const Socket& listener, std::chrono::milliseconds timeout = kWaitTimeout);
 Socket tcp_connect(const sockaddr_in& destination, std::chrono::milliseconds timeout = kWaitTimeout);
 
-Measurement tcp_client(Socket& socket, const PerfParams& params);
-void tcp_server(Socket& socket, const PerfParams& params);
+// How a receiving end waits for data: in a blocking recv() (the baseline), or by calling
+// recv(MSG_DONTWAIT) in a loop, as a busy-polling stack finds its data (the latency floor of
+// any stack over TCP sockets).
+enum class TcpWait { block, spin };
+
+Measurement tcp_client(Socket& socket, const PerfParams& params, TcpWait wait = TcpWait::block);
+void tcp_server(Socket& socket, const PerfParams& params, TcpWait wait = TcpWait::block);
 
 }  // namespace peercm::tool
