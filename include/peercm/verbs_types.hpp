@@ -2,7 +2,10 @@
 // shared by the public API and the protocol cores. Names follow libibverbs.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string_view>
 #include <vector>
 
@@ -20,6 +23,57 @@ struct Sge {
   std::uint64_t addr = 0;
   std::uint32_t length = 0;
   std::uint32_t lkey = 0;
+};
+
+// A work request's gather or scatter list: a contiguous range of Sge with what callers use
+// of std::vector. Up to kInline elements live in the list itself, so posting a work request,
+// and the copy its queue keeps, allocate nothing for the usual one to four SGEs; a longer
+// list moves to the heap.
+class SgeList {
+ public:
+  static constexpr std::size_t kInline = 4;
+
+  SgeList() = default;
+  SgeList(std::initializer_list<Sge> sges) { assign(sges.begin(), sges.end()); }
+  // Implicit, so that code building a std::vector keeps working.
+  SgeList(const std::vector<Sge>& sges) { assign(sges.data(), sges.data() + sges.size()); }
+
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const Sge* data() const { return size_ <= kInline ? inline_.data() : spilled_.data(); }
+  Sge* data() { return size_ <= kInline ? inline_.data() : spilled_.data(); }
+  const Sge* begin() const { return data(); }
+  const Sge* end() const { return data() + size_; }
+  Sge* begin() { return data(); }
+  Sge* end() { return data() + size_; }
+  const Sge& operator[](std::size_t i) const { return data()[i]; }
+  Sge& operator[](std::size_t i) { return data()[i]; }
+  const Sge& front() const { return data()[0]; }
+  Sge& front() { return data()[0]; }
+
+  void clear() {
+    size_ = 0;
+    spilled_.clear();
+  }
+  void push_back(const Sge& sge) {
+    if (size_ < kInline) {
+      inline_[size_] = sge;
+    } else {
+      if (size_ == kInline) spilled_.assign(inline_.begin(), inline_.end());
+      spilled_.push_back(sge);
+    }
+    ++size_;
+  }
+
+ private:
+  void assign(const Sge* first, const Sge* last) {
+    clear();
+    for (; first != last; ++first) push_back(*first);
+  }
+
+  std::array<Sge, kInline> inline_{};
+  std::vector<Sge> spilled_;  // every element, once there are more than kInline
+  std::size_t size_ = 0;
 };
 
 // send_with_imm and rdma_write_with_imm (IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE_WITH_IMM)
@@ -46,7 +100,7 @@ struct SendWr {
   std::uint64_t wr_id = 0;
   WrOpcode opcode = WrOpcode::send;
   std::uint32_t flags = 0;
-  std::vector<Sge> sg_list;
+  SgeList sg_list;
   // RDMA Read: exactly one SGE, the sink; as in every iWARP stack its region needs
   // kAccessRemoteWrite, because the peer's Read Response is a tagged write into it.
   std::uint64_t remote_addr = 0;      // RDMA Write / Read: the peer's tagged offset
@@ -60,7 +114,7 @@ struct SendWr {
 
 struct RecvWr {
   std::uint64_t wr_id = 0;
-  std::vector<Sge> sg_list;
+  SgeList sg_list;
 };
 
 enum class WcStatus : std::uint8_t {

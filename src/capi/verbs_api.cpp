@@ -86,10 +86,9 @@ ibv_qp_state effective_state(const QpHandleState& qp) {
   return qp.recorded;
 }
 
-Status<std::errc> convert_sges(const ibv_sge* list, int count, std::vector<Sge>& out) {
+Status<std::errc> convert_sges(const ibv_sge* list, int count, SgeList& out) {
   if (count < 0 || count > kMaxSge || (count > 0 && !list)) return fail(std::errc::invalid_argument);
   out.clear();
-  out.reserve(static_cast<std::size_t>(count));
   for (int i = 0; i < count; ++i) out.push_back(Sge{.addr = list[i].addr, .length = list[i].length, .lkey = list[i].lkey});
   return {};
 }

@@ -366,7 +366,7 @@ bool QueuePairEngine::handle_read_request(const wire::SegmentHeader& header) {
 // ---------------------------------------------------------------- placement
 
 std::span<std::uint8_t> QueuePairEngine::send_run() {
-  const std::vector<Sge>& sges = rx_.recv->wr.sg_list;
+  const SgeList& sges = rx_.recv->wr.sg_list;
   while (rx_.sge_index < sges.size() && rx_.sge_offset == sges[rx_.sge_index].length) {
     ++rx_.sge_index;
     rx_.sge_offset = 0;

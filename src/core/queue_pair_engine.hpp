@@ -176,7 +176,7 @@ class QueuePairEngine {
     std::uint64_t length = 0;
     std::uint64_t offset = 0;        // bytes segmented so far (MO / TO - base)
     std::uint64_t base_offset = 0;   // tagged: TO of the first byte
-    const std::vector<Sge>* sges = nullptr;      // gather list in registered memory
+    const SgeList* sges = nullptr;               // gather list in registered memory
     const std::uint8_t* contiguous = nullptr;    // or one contiguous source
     std::size_t sge_index = 0;
     std::uint64_t sge_offset = 0;
