@@ -19,6 +19,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -598,6 +599,18 @@ nlohmann::json detail_json(const PerfParams& p, const Measurement& m) {
   return {{"bytes", m.bytes}, {"seconds", m.seconds}};
 }
 
+// The TCP baselines only a --pin latency run has: JSON name, table row, ratio row.
+struct ExtraBaseline {
+  const char* key;
+  const char* row;
+  const char* ratio_label;
+  const std::optional<Measurement>* measurement;
+};
+std::array<ExtraBaseline, 2> extra_baselines(const Results& r) {
+  return {ExtraBaseline{"one_cpu", "tcp, one CPU", "ratio to one CPU", &r.tcp_one_cpu},
+          ExtraBaseline{"spin", "tcp, busy-polling", "ratio to polling", &r.tcp_spin}};
+}
+
 void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) {
   const double peercm = headline(p, r.peercm);
   const double tcp = headline(p, r.tcp);
@@ -620,17 +633,12 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
                        {"peercm_detail", detail_json(p, r.peercm)},
                        {"tcp_detail", detail_json(p, r.tcp)}};
     if (o.drop > 0) out["drop"] = o.drop;
-    if (r.tcp_one_cpu) {
-      const double one_cpu = headline(p, *r.tcp_one_cpu);
-      out["tcp_one_cpu"] = one_cpu;
-      out["ratio_one_cpu"] = one_cpu > 0 ? peercm / one_cpu : 0.0;
-      out["tcp_one_cpu_detail"] = detail_json(p, *r.tcp_one_cpu);
-    }
-    if (r.tcp_spin) {
-      const double spin = headline(p, *r.tcp_spin);
-      out["tcp_spin"] = spin;
-      out["ratio_spin"] = spin > 0 ? peercm / spin : 0.0;
-      out["tcp_spin_detail"] = detail_json(p, *r.tcp_spin);
+    for (const ExtraBaseline& extra : extra_baselines(r)) {
+      if (!*extra.measurement) continue;
+      const double value = headline(p, **extra.measurement);
+      out[fmt::format("tcp_{}", extra.key)] = value;
+      out[fmt::format("ratio_{}", extra.key)] = value > 0 ? peercm / value : 0.0;
+      out[fmt::format("tcp_{}_detail", extra.key)] = detail_json(p, **extra.measurement);
     }
     if (p.mode == PerfMode::lat) {
       out["warmup"] = p.warmup;
@@ -650,19 +658,16 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
       const Summary s = summarize(m->samples);
       fmt::print("  {:<18} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", name, s.median, s.average, s.min, s.p99);
     }
-    for (auto [name, m] : {std::pair{"tcp, one CPU", &r.tcp_one_cpu}, std::pair{"tcp, busy-polling", &r.tcp_spin}}) {
-      if (!*m) continue;
-      const Summary s = summarize((*m)->samples);
-      fmt::print("  {:<18} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", name, s.median, s.average, s.min, s.p99);
+    for (const ExtraBaseline& extra : extra_baselines(r)) {
+      if (!*extra.measurement) continue;
+      const Summary s = summarize((*extra.measurement)->samples);
+      fmt::print("  {:<18} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f}\n", extra.row, s.median, s.average, s.min, s.p99);
     }
     fmt::print("  {:<18} {:>10.2f}\n", "ratio peercm/tcp", ratio);
-    if (r.tcp_one_cpu) {
-      const double one_cpu = headline(p, *r.tcp_one_cpu);
-      fmt::print("  {:<18} {:>10.2f}\n", "ratio to one CPU", one_cpu > 0 ? peercm / one_cpu : 0.0);
-    }
-    if (r.tcp_spin) {
-      const double spin = headline(p, *r.tcp_spin);
-      fmt::print("  {:<18} {:>10.2f}\n", "ratio to polling", spin > 0 ? peercm / spin : 0.0);
+    for (const ExtraBaseline& extra : extra_baselines(r)) {
+      if (!*extra.measurement) continue;
+      const double value = headline(p, **extra.measurement);
+      fmt::print("  {:<18} {:>10.2f}\n", extra.ratio_label, value > 0 ? peercm / value : 0.0);
     }
   } else {
     fmt::print("peercm perf: {} bw, {} B x {} ({:.1f} MB), window {}, progress {}, crc {}\n", to_string(p.op), p.size,

@@ -47,7 +47,7 @@ void write_all(int fd, const std::uint8_t* data, std::size_t n) {
 void read_all(int fd, std::uint8_t* data, std::size_t n, TcpWait wait = TcpWait::block) {
   const int flags = wait == TcpWait::spin ? MSG_DONTWAIT : 0;
   std::uint64_t empty_reads = 0;
-  const auto deadline = Clock::now() + kWaitTimeout;
+  Clock::time_point spinning_since{};  // read only after many empty reads: no clock on the message path
   while (n > 0) {
     const ssize_t r = ::recv(fd, data, n, flags);
     if (r < 0) {
@@ -56,7 +56,10 @@ void read_all(int fd, std::uint8_t* data, std::size_t n, TcpWait wait = TcpWait:
       // yield now and then, as peercm's pollers do, in case the other end shares the CPU.
       if (wait == TcpWait::spin && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         if (++empty_reads % 64 == 0) std::this_thread::yield();
-        if (empty_reads % 4096 != 0 || Clock::now() < deadline) continue;
+        if (empty_reads % 4096 != 0) continue;
+        const auto now = Clock::now();
+        if (spinning_since == Clock::time_point{}) spinning_since = now;
+        if (now - spinning_since < kWaitTimeout) continue;
       }
       throw_errno("recv");
     }
