@@ -119,15 +119,12 @@ CompletionQueue::~CompletionQueue() {
 }
 
 std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) {
+  std::unique_lock lock(impl_->context->mutex, std::defer_lock);
   if (impl_->count.load(std::memory_order_acquire) == 0) {
-    if (context_.progress_mode() == ProgressMode::inline_) {
-      context_.progress();
-    } else {
-      context_.impl().try_progress();
-    }
+    impl_->context->poll_pass(lock);
     if (impl_->count.load(std::memory_order_acquire) == 0) return 0;
   }
-  std::lock_guard lock(impl_->context->mutex);
+  if (!lock.owns_lock()) lock.lock();
   auto& q = *impl_;
   const std::size_t n = std::min(out.size(), q.count.load(std::memory_order_relaxed));
   for (std::size_t i = 0; i < n; ++i) {

@@ -135,8 +135,8 @@ void Connection::on_mpa_timeout() {
   if (phase_ == Phase::mpa && deadline && !mpa_timer_) arm_mpa_timer(std::chrono::steady_clock::time_point(deadline->time_since_epoch()));
 }
 
+// The caller holds a reference (callbacks may drop the owner's).
 void Connection::on_io(std::uint32_t events) {
-  auto self = shared_from_this();  // callbacks may drop the owner's reference
   if (phase_ == Phase::tcp_connecting) {
     if (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) on_connected(events);
     return;
@@ -411,7 +411,17 @@ void Connection::transmit() {
     return;
   }
   if (!qp_) return;
-  std::array<iovec, kMaxIovecs> iov{};
+  // Called after every input; most find nothing to send (a received Send's reply is the
+  // application's to post).
+  if (!qp_->engine.has_transmit()) {
+    if (want_write_) {
+      want_write_ = false;
+      update_interest();
+    }
+    drain_qp_events();
+    return;
+  }
+  std::array<iovec, kMaxIovecs> iov;  // gather_transmit() fills what sendmsg() reads
   for (;;) {
     const std::size_t count = qp_->engine.gather_transmit(iov);
     if (count == 0) break;
@@ -443,9 +453,11 @@ void Connection::transmit() {
 
 void Connection::drain_qp_events() {
   if (!qp_) return;
-  auto self = shared_from_this();
-  while (auto event = qp_->engine.poll_event()) {
-    if (auto callback = callbacks_.qp_event) callback(*event);
+  if (auto event = qp_->engine.poll_event()) {
+    auto self = shared_from_this();  // a callback may drop the owner's reference
+    do {
+      if (auto callback = callbacks_.qp_event) callback(*event);
+    } while (qp_ && (event = qp_->engine.poll_event()));
   }
   // Nothing more will be sent (Terminate out, or flushed after a disconnect): close.
   if (qp_ && qp_->engine.transmit_closed() && !qp_->engine.has_transmit()) close_socket();

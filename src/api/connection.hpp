@@ -51,7 +51,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Passive: reads what the peer has already sent. A connecting peer sends its Request right
   // behind the handshake, so it is usually there by the time the socket is accepted: read now,
   // not one epoll round later.
-  void receive_pending() { on_io(EPOLLIN); }
+  void receive_pending() {
+    auto self = shared_from_this();
+    on_io(EPOLLIN);
+  }
   // Replaces who hears about this connection (a listener hands it to a new CmId).
   void set_callbacks(Callbacks callbacks) { callbacks_ = std::move(callbacks); }
   core::MpaResponder* responder() { return responder_ ? &*responder_ : nullptr; }

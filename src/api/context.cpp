@@ -51,6 +51,17 @@ bool ContextImpl::try_progress() {
   return true;
 }
 
+void ContextImpl::poll_pass(std::unique_lock<std::mutex>& lock) {
+  if (mode == ProgressMode::inline_) {
+    lock.lock();
+    reactor.run_once(lock, std::chrono::milliseconds(0));
+    return;
+  }
+  if (!lock.try_lock()) return;  // the progress thread is at work: nothing to gain
+  reactor.run_once(lock, std::chrono::milliseconds(0));
+  reactor.renew_poller_lease(kPollerLease);
+}
+
 void ContextImpl::poller_will_block() { reactor.end_poller_lease(); }
 
 void ContextImpl::wait_as_poller(int fd, std::chrono::milliseconds max_wait) {

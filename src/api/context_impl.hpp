@@ -40,6 +40,11 @@ struct ContextImpl {
   // when the lock is free, instead of waiting for the progress thread to wake up. It then
   // renews its lease from the reactor's last clock reading; false if the lock was taken.
   bool try_progress();
+  // A completion queue poll that found nothing: one non-blocking pass, inline or as the
+  // busy poller (try_progress's lease), with `lock` taken here (inline: waited for; thread
+  // mode: only if free) and left held, so that what the pass completes is taken without
+  // locking again. Returns with `lock` not owned when the progress thread held the mutex.
+  void poll_pass(std::unique_lock<std::mutex>& lock);
   // A polling thread is about to sleep (arming a CQ, waiting on a channel): progress must
   // not wait for its lease to run out.
   void poller_will_block();
