@@ -7,7 +7,6 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -18,6 +17,7 @@
 #include "core/memory_table.hpp"
 #include "core/mpa_handshake.hpp"
 #include "core/receive_queue.hpp"
+#include "core/ring_deque.hpp"
 #include "peercm/result.hpp"
 #include "peercm/verbs_types.hpp"
 #include "wire/ddp_rdmap.hpp"
@@ -275,16 +275,16 @@ class QueuePairEngine {
   QpState state_ = QpState::init;
   bool connected_ = false;
   QpStats stats_;
-  std::deque<QpEvent> events_;
+  RingDeque<QpEvent> events_;
   bool cq_overrun_ = false;
   bool flushing_ = false;
   bool llp_closed_ = false;  // peer_closed or connection_lost was reported
 
   // transmit
-  std::deque<SendEntry> sq_;
+  RingDeque<SendEntry> sq_;
   std::uint64_t sq_base_ = 0;  // sequence number of sq_.front()
   std::uint64_t sq_next_ = 0;  // next entry to transmit
-  std::deque<OutboundRead> outbound_reads_;
+  RingDeque<OutboundRead> outbound_reads_;
   std::uint32_t next_send_msn_ = 1;  // RFC 5041 §5.3: MSN starts at 1 per queue
   std::uint32_t next_read_msn_ = 1;
   bool rtr_pending_ = false;
@@ -305,7 +305,7 @@ class QueuePairEngine {
   ReceiveQueue rq_;                       // posted to this QP
   ReceiveQueue* receive_source_;          // where Sends take their receives: rq_ or the SRQ
   std::optional<PostedRecv> recv_taken_;  // the receive of the Send message in progress
-  std::deque<InboundRead> inbound_reads_;
+  RingDeque<InboundRead> inbound_reads_;
   std::uint64_t inbound_base_ = 0;
   std::uint64_t inbound_next_ = 0;  // next inbound read to answer
   std::uint32_t expected_send_msn_ = 1;

@@ -5,10 +5,10 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <optional>
 
 #include "core/memory_table.hpp"
+#include "core/ring_deque.hpp"
 #include "peercm/verbs_types.hpp"
 
 namespace peercm::core {
@@ -46,7 +46,7 @@ class ReceiveQueue {
   bool empty() const { return entries_.empty(); }
 
  private:
-  std::deque<PostedRecv> entries_;
+  RingDeque<PostedRecv> entries_;
 };
 
 }  // namespace peercm::core
