@@ -71,7 +71,7 @@ int decode_pieces(FpduStreamDecoder& decoder, std::initializer_list<std::span<co
       piece = piece.subspan(consumed);
       switch (event.kind) {
         case FpduEvent::Kind::header:
-          sink += event.payload_length + event.header.msn + event.header.tagged_offset;
+          sink += event.payload_length + (event.header ? event.header->msn + event.header->tagged_offset : 0);
           break;
         case FpduEvent::Kind::payload:
           sink += event.payload.size() + event.payload[0];

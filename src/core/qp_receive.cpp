@@ -53,7 +53,7 @@ std::size_t QueuePairEngine::handle_bytes(std::span<const std::uint8_t> bytes) {
         break;
       case wire::FpduEvent::Kind::header:
         raw_complete_ = true;
-        on_segment_header(event.header, event.payload_length);
+        on_segment_header(*event.header, event.payload_length);
         break;
       case wire::FpduEvent::Kind::payload:
         on_segment_payload(event.payload);

@@ -108,17 +108,9 @@ void FpduStreamDecoder::finish_trailer(FpduEvent& event) {
   event.kind = FpduEvent::Kind::end;
 }
 
-namespace {
-// A default FpduEvent to copy from. Deliberately not const: GCC zero-fills a fresh
-// 160-byte FpduEvent with `rep stosq`, whose start-up cost dominated small-FPDU decoding,
-// but copies a non-constant object with a handful of vector moves.
-FpduEvent g_need_more_event{};
-}  // namespace
-
-// Every path returns the one `event` so it is built in the caller's storage (NRVO) rather
-// than copied out: FpduEvent is 160 bytes and this runs several times per FPDU.
+// Every path returns the one `event`, built in the caller's storage (NRVO).
 FpduEvent FpduStreamDecoder::next(std::span<const std::uint8_t> in, std::size_t& consumed) {
-  FpduEvent event = g_need_more_event;  // need_more until a phase says otherwise
+  FpduEvent event;  // need_more until a phase says otherwise
   consumed = 0;
   auto take_header_bytes = [&](std::size_t target) {
     const std::size_t n = std::min(in.size() - consumed, target - header_filled_);
@@ -177,10 +169,9 @@ FpduEvent FpduStreamDecoder::next(std::span<const std::uint8_t> in, std::size_t&
         } else {
           return event;
         }
-        if (auto ok = detail::decode_segment_header_into(bytes.subspan(kUlpduLengthSize), ulpdu_length_,
-                                                         event.header);
+        decoded_ = SegmentHeader{};
+        if (auto ok = detail::decode_segment_header_into(bytes.subspan(kUlpduLengthSize), ulpdu_length_, decoded_);
             !ok) {
-          event.header = SegmentHeader{};
           fail_with(event, ok.error());
           return event;
         }
@@ -192,6 +183,7 @@ FpduEvent FpduStreamDecoder::next(std::span<const std::uint8_t> in, std::size_t&
         trailer_size_ = fpdu_padding(ulpdu_length_) + kFpduCrcSize;
         phase_ = payload_left_ > 0 ? Phase::payload : Phase::trailer;
         event.kind = FpduEvent::Kind::header;
+        event.header = &decoded_;
         event.payload_length = payload_left_;
         return event;
       }

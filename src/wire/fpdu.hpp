@@ -70,7 +70,10 @@ struct FpduEvent {
     error,      // the stream is broken; the decoder stays in error
   };
   Kind kind = Kind::need_more;
-  SegmentHeader header;
+  // `header`: the decoded segment header, owned by the decoder and valid until its next
+  // call (null for the other kinds). An event is returned several times per FPDU; a pointer
+  // keeps it small where a copy of the header would not be.
+  const SegmentHeader* header = nullptr;
   std::size_t payload_length = 0;
   std::span<const std::uint8_t> payload;
   WireError error = WireError::truncated;
@@ -104,6 +107,7 @@ class FpduStreamDecoder {
   std::size_t max_ulpdu_;
   Phase phase_ = Phase::length;
   std::array<std::uint8_t, kUlpduLengthSize + kMaxSegmentHeaderSize> header_{};
+  SegmentHeader decoded_;  // what the last `header` event points at
   std::size_t header_filled_ = 0;
   std::size_t header_size_ = 0;  // bytes of ULPDU that are header, once known
   std::size_t ulpdu_length_ = 0;

@@ -200,7 +200,7 @@ inline std::vector<wire::SegmentHeader> decode_fpdus(std::span<const std::uint8_
     std::size_t used = 0;
     auto event = decoder.next(bytes, used);
     bytes = bytes.subspan(used);
-    if (event.kind == wire::FpduEvent::Kind::header) headers.push_back(event.header);
+    if (event.kind == wire::FpduEvent::Kind::header) headers.push_back(*event.header);
     if (event.kind == wire::FpduEvent::Kind::error || (used == 0 && event.kind == wire::FpduEvent::Kind::need_more))
       break;
   }

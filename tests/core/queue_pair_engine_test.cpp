@@ -278,7 +278,7 @@ std::vector<wire::SegmentHeader> decode_stream(const Bytes& bytes, bool crc) {
     std::size_t consumed = 0;
     const auto event = decoder.next(in, consumed);
     in = in.subspan(consumed);
-    if (event.kind == wire::FpduEvent::Kind::header) out.push_back(event.header);
+    if (event.kind == wire::FpduEvent::Kind::header) out.push_back(*event.header);
     if (event.kind == wire::FpduEvent::Kind::error) break;
     if (event.kind == wire::FpduEvent::Kind::need_more && consumed == 0) break;
   }

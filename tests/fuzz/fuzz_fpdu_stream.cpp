@@ -111,7 +111,7 @@ Trace decode(std::span<const std::uint8_t> stream, const Pass& pass) {
         break;
       case FpduEvent::Kind::header:
         FUZZ_CHECK(open == nullptr, "a header inside an FPDU");
-        trace.fpdus.push_back(Fpdu{.header = event.header, .payload_length = event.payload_length});
+        trace.fpdus.push_back(Fpdu{.header = *event.header, .payload_length = event.payload_length});
         open = &trace.fpdus.back();
         FUZZ_CHECK(decoder.payload_remaining() == event.payload_length, "payload_remaining disagrees with the header");
         break;

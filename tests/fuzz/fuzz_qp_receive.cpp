@@ -123,7 +123,7 @@ std::vector<Unit> split_units(std::span<const std::uint8_t> stream, bool crc) {
     const wire::FpduEvent event = decoder.next(stream.subspan(pos), consumed);
     pos += consumed;
     if (event.kind == wire::FpduEvent::Kind::header) {
-      unit.header = event.header;
+      unit.header = *event.header;
       unit.payload_length = event.payload_length;
     } else if (event.kind == wire::FpduEvent::Kind::end || event.kind == wire::FpduEvent::Kind::error) {
       unit.end = pos;
@@ -405,11 +405,11 @@ class Harness {
           break;
         case wire::FpduEvent::Kind::header:
           FUZZ_CHECK(!terminate_on_wire_, "an FPDU after our Terminate");
-          out_header_ = event.header;
-          if (event.header.opcode == RdmapOpcode::read_response) {
+          out_header_ = *event.header;
+          if (event.header->opcode == RdmapOpcode::read_response) {
             FUZZ_CHECK(!inbound_reads_.empty(), "a Read Response nobody asked for");
             const wire::ReadRequestHeader& r = inbound_reads_.front();
-            FUZZ_CHECK(event.header.stag == r.sink_stag && event.header.tagged_offset == r.sink_offset + response_sent_,
+            FUZZ_CHECK(event.header->stag == r.sink_stag && event.header->tagged_offset == r.sink_offset + response_sent_,
                        "Read Response to the wrong sink");
           }
           break;

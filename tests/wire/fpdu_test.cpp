@@ -79,7 +79,7 @@ Decoded decode(FpduStreamDecoder& decoder, std::span<const std::uint8_t> in, std
         break;
       }
       if (event.kind == FpduEvent::Kind::header) {
-        out.items.push_back(Item{event.header, event.payload_length, {}, false});
+        out.items.push_back(Item{*event.header, event.payload_length, {}, false});
       } else if (event.kind == FpduEvent::Kind::payload) {
         EXPECT_FALSE(out.items.empty());
         if (out.items.empty()) break;

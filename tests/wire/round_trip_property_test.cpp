@@ -323,7 +323,7 @@ class Collector {
         case FpduEvent::Kind::header:
           WIRE_CHECK(decoded_.items.empty() || decoded_.items.back().ended);
           WIRE_CHECK(decoder_.payload_remaining() == event.payload_length);
-          decoded_.items.push_back(Item{event.header, event.payload_length, {}, false});
+          decoded_.items.push_back(Item{*event.header, event.payload_length, {}, false});
           break;
         case FpduEvent::Kind::payload: {
           WIRE_CHECK(!zero_copy_);

@@ -62,7 +62,7 @@ std::vector<Check> run_checks() {
     for (std::size_t i = 0; size && i < *size; ++i) {
       std::size_t used = 0;
       FpduEvent ev = decoder.next(std::span(fpdu).subspan(i, 1), used);
-      header |= ev.kind == FpduEvent::Kind::header && ev.header.opcode == op;
+      header |= ev.kind == FpduEvent::Kind::header && ev.header->opcode == op;
       if (ev.kind == FpduEvent::Kind::payload) payload_bytes += ev.payload.size();
       end |= ev.kind == FpduEvent::Kind::end;
       error |= ev.kind == FpduEvent::Kind::error;
