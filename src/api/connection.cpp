@@ -443,6 +443,7 @@ void Connection::transmit() {
       return;
     }
     qp_->engine.handle_transmitted(static_cast<std::size_t>(n));
+    if (!qp_->engine.has_transmit()) break;
   }
   if (want_write_) {
     want_write_ = false;

@@ -70,7 +70,8 @@ void QueuePairEngine::start_send_queue_message() {
   const std::uint64_t seq = sq_next_++;
   SendEntry& entry = sq_[seq - sq_base_];
   entry.phase = SendEntry::Phase::transmitting;
-  TxMessage m;
+  tx_msg_ = TxMessage{};
+  TxMessage& m = tx_msg_;
   m.owner = TxOwner::send_queue;
   m.seq = seq;
   m.length = entry.length;
@@ -115,7 +116,6 @@ void QueuePairEngine::start_send_queue_message() {
       break;
     }
   }
-  tx_msg_ = m;
 }
 
 // RFC 5040 §5.2: the Read Response is tagged, STag and TO from the request's sink fields,
@@ -221,7 +221,7 @@ void QueuePairEngine::frame_segment() {
   m.offset += n;
   ++ring_count_;
   ring_unsent_ += slot.size;
-  if (header.last) tx_msg_ = TxMessage{};
+  if (header.last) tx_msg_.owner = TxOwner::none;  // the next start_*() resets the rest
 }
 
 // A single-FPDU message outside the normal schedule (the Terminate).

@@ -70,8 +70,7 @@ Status<std::errc> QueuePairEngine::post_send(const SendWr& wr) {
   }
   if (sq_.size() >= config_.caps.max_send_wr) return fail(std::errc::not_enough_memory);
 
-  SendEntry& entry = sq_.emplace_back();
-  entry.wr = wr;
+  SendEntry& entry = sq_.emplace_back(wr);
   entry.length = length;
   entry.signaled = signaled;
   bool local_ok = true;
@@ -113,9 +112,7 @@ Status<std::errc> QueuePairEngine::post_recv(const RecvWr& wr) {
     return {};
   }
   if (recv_queue_size() >= config_.caps.max_recv_wr) return fail(std::errc::not_enough_memory);
-  PostedRecv posted = make_posted_recv(wr, memory_, config_.pd);
-  const bool local_ok = !posted.error;
-  rq_.push(std::move(posted));
+  const bool local_ok = !rq_.post(wr, memory_, config_.pd).error;
   if (!local_ok) send_terminate(wire::TerminateHeader{.code = {wire::TerminateLayer::rdmap, 0x0, 0x00}});
   after_input();
   return {};

@@ -21,18 +21,27 @@ struct PostedRecv {
 
 // The receive as posted: its capacity, and whether every SGE names memory of `pd` this
 // side may write (verbs checks the lkeys of a receive at post time, or at placement).
-inline PostedRecv make_posted_recv(const RecvWr& wr, const MemoryTable& memory, std::uint32_t pd) {
-  PostedRecv posted{.wr = wr};
-  for (const Sge& sge : wr.sg_list) {
+inline void check_posted_recv(PostedRecv& posted, const MemoryTable& memory, std::uint32_t pd) {
+  for (const Sge& sge : posted.wr.sg_list) {
     posted.capacity += sge.length;
     if (!posted.error && !memory.check_local(sge, pd, true)) posted.error = WcStatus::local_protection_error;
   }
+}
+inline PostedRecv make_posted_recv(const RecvWr& wr, const MemoryTable& memory, std::uint32_t pd) {
+  PostedRecv posted{.wr = wr};
+  check_posted_recv(posted, memory, pd);
   return posted;
 }
 
 class ReceiveQueue {
  public:
   void push(PostedRecv posted) { entries_.push_back(std::move(posted)); }
+  // make_posted_recv() and push() in one, built where it stays: the WR is copied once.
+  const PostedRecv& post(const RecvWr& wr, const MemoryTable& memory, std::uint32_t pd) {
+    PostedRecv& posted = entries_.emplace_back(wr);
+    check_posted_recv(posted, memory, pd);
+    return posted;
+  }
   // The WR the next Send consumes; null when none is posted.
   const PostedRecv* next() const { return entries_.empty() ? nullptr : &entries_.front(); }
   // Removes next(): from here on the WR belongs to the message that took it, whichever

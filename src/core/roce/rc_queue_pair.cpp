@@ -106,7 +106,7 @@ Status<std::errc> RcQueuePair::post_recv(const RecvWr& wr) {
   if (recv_queue_size() >= config_.caps.max_recv_wr) return fail(std::errc::not_enough_memory);
   // A receive failing its lkey checks is found when a Send lands in it (§2.11: the
   // responder NAKs remote operational error).
-  rq_.push(make_posted_recv(wr, memory_, config_.pd));
+  rq_.post(wr, memory_, config_.pd);
   return {};
 }
 
