@@ -25,8 +25,9 @@ constexpr int kMaxEvents = 64;
 // The progress thread sleeps until an fd, a timer or wake() needs it.
 constexpr std::chrono::milliseconds kForever = std::chrono::milliseconds::max();
 
-// The reactor whose run_once() (or progress thread) is running on this thread.
-thread_local const Reactor* t_current_reactor = nullptr;
+// The reactor whose run_once() (or progress thread) is running on this thread. Set and
+// restored on every pass: initial-exec spares a busy poller two __tls_get_addr calls a pass.
+[[gnu::tls_model("initial-exec")]] thread_local const Reactor* t_current_reactor = nullptr;
 
 class CurrentReactorScope {
  public:
@@ -130,8 +131,7 @@ Status<std::errc> Reactor::add(int fd, std::uint32_t epoll_events, IoCallback ca
   if (const auto old = id_by_fd_.find(fd); old != id_by_fd_.end()) {
     // The kernel accepted the fd, so the registration we still hold for this number is
     // stale: its fd was closed without remove(). Its queued events die with its id.
-    forget_direct(old->second);
-    registrations_.erase(old->second);
+    erase_registration(old->second);
     id_by_fd_.erase(old);
   }
   registrations_.emplace(id, std::make_shared<Registration>(
@@ -159,31 +159,48 @@ void Reactor::remove(int fd) {
   // Fails with EBADF/ENOENT if the fd was closed already; the id lookup below is what
   // guarantees no further dispatch, so the result does not matter.
   (void)::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-  // A callback being dispatched keeps its Registration alive through its own shared_ptr.
-  forget_direct(it->second);
-  registrations_.erase(it->second);
+  erase_registration(it->second);
   id_by_fd_.erase(it);
+}
+
+void Reactor::erase_registration(std::uint64_t id) {
+  forget_direct(id);
+  const auto it = registrations_.find(id);
+  if (it == registrations_.end()) return;
+  if (dispatch_depth_ > 0) retired_.push_back(std::move(it->second));  // may be running now
+  registrations_.erase(it);
+}
+
+void Reactor::dispatch(Registration& registration, std::uint32_t epoll_events) {
+  ++dispatch_depth_;
+  registration.callback(epoll_events);
+  if (--dispatch_depth_ == 0 && !retired_.empty()) retired_.clear();
 }
 
 void Reactor::poll_directly(int fd, bool on) {
   const auto it = id_by_fd_.find(fd);
   if (it == id_by_fd_.end()) return;
   forget_direct(it->second);
-  if (on) direct_ids_.insert(it->second);
+  if (on) direct_ids_.insert(std::lower_bound(direct_ids_.begin(), direct_ids_.end(), it->second), it->second);
 }
 
-void Reactor::forget_direct(std::uint64_t id) { direct_ids_.erase(id); }
+void Reactor::forget_direct(std::uint64_t id) {
+  const auto it = std::lower_bound(direct_ids_.begin(), direct_ids_.end(), id);
+  if (it != direct_ids_.end() && *it == id) direct_ids_.erase(it);
+}
 
 void Reactor::run_direct_pass() {
-  // Callbacks may remove registrations (their own included): take them first.
-  direct_scratch_.assign(direct_ids_.begin(), direct_ids_.end());
-  for (const std::uint64_t id : direct_scratch_) {
-    const auto it = registrations_.find(id);
+  // Callbacks may remove registrations (their own included): take the ids first.
+  std::array<std::uint64_t, kMaxDirectFds> ids{};
+  const std::size_t count = std::min(direct_ids_.size(), ids.size());
+  std::copy_n(direct_ids_.begin(), count, ids.begin());
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto it = registrations_.find(ids[i]);
     if (it == registrations_.end()) continue;  // removed by an earlier callback
-    const std::shared_ptr<Registration> registration = it->second;
+    Registration& registration = *it->second;
     // A sender waiting for room (EPOLLOUT in its interest) tries again too: a responder
     // streaming Read Responses would otherwise send only on every kEpollEvery-th pass.
-    registration->callback(EPOLLIN | (registration->events & EPOLLOUT));
+    dispatch(registration, EPOLLIN | (registration.events & EPOLLOUT));
   }
 }
 
@@ -258,8 +275,7 @@ void Reactor::epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milli
     // Removed (possibly by an earlier callback of this batch) or replaced: skip.
     const auto it = registrations_.find(ev.data.u64);
     if (it == registrations_.end()) continue;
-    const std::shared_ptr<Registration> registration = it->second;
-    registration->callback(ev.events);
+    dispatch(*it->second, ev.events);
   }
 
   dispatch_timers(clock_seen_ = Clock::now());

@@ -24,7 +24,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -134,6 +133,11 @@ class Reactor {
   // A poller pass that calls the poll_directly() fds' callbacks instead of epoll.
   void run_direct_pass();
   void forget_direct(std::uint64_t id);
+  // Calls the registration's callback. One removed meanwhile (its own callback included)
+  // is kept alive in retired_ until the outermost dispatch returns: a busy poller's passes
+  // then take no reference count per callback.
+  void dispatch(Registration& registration, std::uint32_t epoll_events);
+  void erase_registration(std::uint64_t id);
   struct Timer {
     TimerId id;
     TimerCallback callback;
@@ -155,10 +159,10 @@ class Reactor {
   std::uint64_t next_registration_id_ = 1;
   std::unordered_map<std::uint64_t, std::shared_ptr<Registration>> registrations_;
   std::unordered_map<int, std::uint64_t> id_by_fd_;
-  // poll_directly() registrations, in registration order. A set: every connection of a
-  // context is marked, and each add and remove looks its id up here.
-  std::set<std::uint64_t> direct_ids_;
-  std::vector<std::uint64_t> direct_scratch_;
+  // poll_directly() registrations, in registration order (ids only grow: sorted).
+  std::vector<std::uint64_t> direct_ids_;
+  unsigned dispatch_depth_ = 0;
+  std::vector<std::shared_ptr<Registration>> retired_;
   unsigned poller_passes_ = 0;
   // The latest Clock::now() a round took (guarded by owner_): renew_poller_lease() uses it.
   Clock::time_point clock_seen_{};

@@ -517,6 +517,27 @@ TEST_F(ReactorTest, DirectCallbackMayRemoveTheOtherDirectFd) {
   reactor.remove(a.r);
 }
 
+TEST_F(ReactorTest, DirectCallbackMayRemoveItselfAndItsClosureDiesAfterThePass) {
+  Pipe p;
+  int calls = 0;
+  auto payload = std::make_shared<std::string>("callback state");
+  const std::weak_ptr<std::string> watch = payload;
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&, payload](std::uint32_t) {
+    ++calls;
+    reactor.remove(p.r);
+    // Still alive after remove(), to the end of this callback: ASan checks.
+    EXPECT_EQ(*payload, "callback state");
+  }));
+  reactor.poll_directly(p.r, true);
+  payload.reset();
+  reactor.run_once(lock, 0ms);  // the first pass is a direct one
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(watch.expired()) << "the removed registration is released once the pass returns";
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(reactor.registered_fds(), 0u);
+}
+
 TEST_F(ReactorTest, BlockingRoundsNeverCallDirectFdsSpuriously) {
   Pipe p;
   int calls = 0;
