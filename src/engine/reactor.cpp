@@ -172,9 +172,17 @@ void Reactor::erase_registration(std::uint64_t id) {
 }
 
 void Reactor::dispatch(Registration& registration, std::uint32_t epoll_events) {
-  ++dispatch_depth_;
+  // A guard, so that a callback that throws does not leave the depth raised for good.
+  struct Depth {
+    Reactor& reactor;
+    explicit Depth(Reactor& r) : reactor(r) { ++reactor.dispatch_depth_; }
+    ~Depth() {
+      if (--reactor.dispatch_depth_ == 0 && !reactor.retired_.empty()) reactor.retired_.clear();
+    }
+    Depth(const Depth&) = delete;
+    Depth& operator=(const Depth&) = delete;
+  } depth(*this);
   registration.callback(epoll_events);
-  if (--dispatch_depth_ == 0 && !retired_.empty()) retired_.clear();
 }
 
 void Reactor::poll_directly(int fd, bool on) {
