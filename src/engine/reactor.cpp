@@ -177,7 +177,14 @@ void Reactor::dispatch(Registration& registration, std::uint32_t epoll_events) {
     Reactor& reactor;
     explicit Depth(Reactor& r) : reactor(r) { ++reactor.dispatch_depth_; }
     ~Depth() {
-      if (--reactor.dispatch_depth_ == 0 && !reactor.retired_.empty()) reactor.retired_.clear();
+      if (--reactor.dispatch_depth_ > 0 || reactor.retired_.empty()) return;
+      // A listener's callback may close hundreds of connections in one dispatch: what the
+      // list grew to is not kept.
+      if (reactor.retired_.capacity() > 8) {
+        std::vector<std::shared_ptr<Registration>>().swap(reactor.retired_);
+      } else {
+        reactor.retired_.clear();
+      }
     }
     Depth(const Depth&) = delete;
     Depth& operator=(const Depth&) = delete;
@@ -189,13 +196,10 @@ void Reactor::poll_directly(int fd, bool on) {
   const auto it = id_by_fd_.find(fd);
   if (it == id_by_fd_.end()) return;
   forget_direct(it->second);
-  if (on) direct_ids_.insert(std::lower_bound(direct_ids_.begin(), direct_ids_.end(), it->second), it->second);
+  if (on) direct_ids_.insert(it->second);
 }
 
-void Reactor::forget_direct(std::uint64_t id) {
-  const auto it = std::lower_bound(direct_ids_.begin(), direct_ids_.end(), id);
-  if (it != direct_ids_.end() && *it == id) direct_ids_.erase(it);
-}
+void Reactor::forget_direct(std::uint64_t id) { direct_ids_.erase(id); }
 
 void Reactor::run_direct_pass() {
   // Callbacks may remove registrations (their own included): take the ids first.

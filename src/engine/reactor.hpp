@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -159,8 +160,10 @@ class Reactor {
   std::uint64_t next_registration_id_ = 1;
   std::unordered_map<std::uint64_t, std::shared_ptr<Registration>> registrations_;
   std::unordered_map<int, std::uint64_t> id_by_fd_;
-  // poll_directly() registrations, in registration order (ids only grow: sorted).
-  std::vector<std::uint64_t> direct_ids_;
+  // poll_directly() registrations, in registration order. A set, not a vector: every
+  // connection is marked while it sets up, and a burst of them must not leave its peak
+  // capacity behind.
+  std::set<std::uint64_t> direct_ids_;
   unsigned dispatch_depth_ = 0;
   std::vector<std::shared_ptr<Registration>> retired_;
   unsigned poller_passes_ = 0;
