@@ -17,7 +17,6 @@
 
 #include <array>
 #include <chrono>
-#include <cstdio>
 #include <memory>
 
 #include "peercm/cm.hpp"

@@ -411,18 +411,10 @@ void Connection::transmit() {
     return;
   }
   if (!qp_) return;
-  // Called after every input; most find nothing to send (a received Send's reply is the
-  // application's to post).
-  if (!qp_->engine.has_transmit()) {
-    if (want_write_) {
-      want_write_ = false;
-      update_interest();
-    }
-    drain_qp_events();
-    return;
-  }
   std::array<iovec, kMaxIovecs> iov;  // gather_transmit() fills what sendmsg() reads
-  for (;;) {
+  // Called after every input; most find nothing to send (a received Send's reply is the
+  // application's to post), so the engine is asked before anything is framed.
+  while (qp_->engine.has_transmit()) {
     const std::size_t count = qp_->engine.gather_transmit(iov);
     if (count == 0) break;
     msghdr msg{};
@@ -443,7 +435,6 @@ void Connection::transmit() {
       return;
     }
     qp_->engine.handle_transmitted(static_cast<std::size_t>(n));
-    if (!qp_->engine.has_transmit()) break;
   }
   if (want_write_) {
     want_write_ = false;

@@ -44,11 +44,9 @@ void ContextImpl::progress(std::chrono::milliseconds max_wait) {
 }
 
 bool ContextImpl::try_progress() {
-  std::unique_lock lock(mutex, std::try_to_lock);
-  if (!lock.owns_lock()) return false;  // the progress thread is at work: nothing to gain
-  reactor.run_once(lock, std::chrono::milliseconds(0));
-  reactor.renew_poller_lease(kPollerLease);
-  return true;
+  std::unique_lock lock(mutex, std::defer_lock);
+  poll_pass(lock);
+  return lock.owns_lock();
 }
 
 void ContextImpl::poll_pass(std::unique_lock<std::mutex>& lock) {

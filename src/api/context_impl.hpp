@@ -36,15 +36,15 @@ struct ContextImpl {
   std::uint32_t next_cmid() { return ++cmid_counter; }
   // Inline mode: run the reactor once on the caller's thread.
   void progress(std::chrono::milliseconds max_wait);
-  // Thread mode: a polling application thread may run one non-blocking reactor pass itself
-  // when the lock is free, instead of waiting for the progress thread to wake up. It then
-  // renews its lease from the reactor's last clock reading; false if the lock was taken.
-  bool try_progress();
-  // A completion queue poll that found nothing: one non-blocking pass, inline or as the
-  // busy poller (try_progress's lease), with `lock` taken here (inline: waited for; thread
-  // mode: only if free) and left held, so that what the pass completes is taken without
-  // locking again. Returns with `lock` not owned when the progress thread held the mutex.
+  // One non-blocking reactor pass on the caller's thread, with `lock` (unlocked, on `mutex`)
+  // taken here and left held, so that a completion queue poll takes what the pass completed
+  // without locking again. Inline mode waits for the lock. Thread mode: a polling
+  // application thread runs the pass itself only when the lock is free, instead of waiting
+  // for the progress thread to wake up, and then renews its lease from the reactor's last
+  // clock reading; `lock` stays unowned when the progress thread held the mutex.
   void poll_pass(std::unique_lock<std::mutex>& lock);
+  // poll_pass() with a lock of its own; false if the pass did not run.
+  bool try_progress();
   // A polling thread is about to sleep (arming a CQ, waiting on a channel): progress must
   // not wait for its lease to run out.
   void poller_will_block();

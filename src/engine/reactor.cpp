@@ -177,13 +177,10 @@ void Reactor::dispatch(Registration& registration, std::uint32_t epoll_events) {
     Reactor& reactor;
     explicit Depth(Reactor& r) : reactor(r) { ++reactor.dispatch_depth_; }
     ~Depth() {
-      if (--reactor.dispatch_depth_ > 0 || reactor.retired_.empty()) return;
-      // A listener's callback may close hundreds of connections in one dispatch: what the
-      // list grew to is not kept.
-      if (reactor.retired_.capacity() > 8) {
+      // Released, not cleared: a listener's callback may close hundreds of connections in
+      // one dispatch, and the list must not keep what it grew to.
+      if (--reactor.dispatch_depth_ == 0 && !reactor.retired_.empty()) {
         std::vector<std::shared_ptr<Registration>>().swap(reactor.retired_);
-      } else {
-        reactor.retired_.clear();
       }
     }
     Depth(const Depth&) = delete;
