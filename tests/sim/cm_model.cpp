@@ -545,6 +545,10 @@ void World::end_attempt(int index, CmId& cmid, Outcome outcome) {
 
 void World::disconnected(int index, AttemptId number, const char* why) {
   CmId* cmid = find_cmid(index, number);
+  if (cmid == nullptr) {
+    violation(fmt::format("{}: c{} disconnected, but it does not exist", name(index), number));
+    return;
+  }
   const int peer = cmid->peer;
   const std::uint32_t tag = cmid->tag;
   trace("{}: c{} DISCONNECTED ({})", name(index), number, why);
