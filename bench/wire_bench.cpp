@@ -60,7 +60,7 @@ SegmentHeader bench_header(bool tagged) {
 }
 
 // Feeds the pieces to the decoder as consecutive stream input and folds what comes out
-// into `sink`. Returns the number of complete FPDUs (end events), or -1 on a decode error.
+// into `sink`. Returns the number of complete FPDUs (end or whole events), or -1 on a decode error.
 int decode_pieces(FpduStreamDecoder& decoder, std::initializer_list<std::span<const std::uint8_t>> pieces,
                   std::uint64_t& sink) {
   int ends = 0;
@@ -77,6 +77,10 @@ int decode_pieces(FpduStreamDecoder& decoder, std::initializer_list<std::span<co
           sink += event.payload.size() + event.payload[0];
           break;
         case FpduEvent::Kind::end:
+          ++ends;
+          break;
+        case FpduEvent::Kind::whole:
+          sink += event.payload_length + event.header->msn + event.header->tagged_offset;
           ++ends;
           break;
         case FpduEvent::Kind::need_more:

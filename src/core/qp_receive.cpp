@@ -63,6 +63,14 @@ std::size_t QueuePairEngine::handle_bytes(std::span<const std::uint8_t> bytes) {
         raw_filled_ = 0;
         raw_complete_ = false;
         break;
+      case wire::FpduEvent::Kind::whole:
+        // The three events above from one decoder call, as most small FPDUs arrive.
+        on_segment_header(*event.header, event.payload_length);
+        if (rx_dead_) break;
+        if (!event.payload.empty()) on_segment_payload(event.payload);
+        on_segment_end();
+        raw_filled_ = 0;
+        break;
       case wire::FpduEvent::Kind::error:
         on_decode_error(event.error);
         break;

@@ -129,6 +129,7 @@ void QueuePairEngine::connect(const StreamParams& params) {
   // RFC 5044 §4.5: MULPDU stays within 128..64768.
   mulpdu_ = std::clamp(params.mulpdu, wire::kMinMulpdu, wire::kMaxMulpdu);
   decoder_.emplace(params.crc);
+  decoder_->set_whole_events(true);
   if (state_ == QpState::error) {
     // Failed before the stream existed: only the Terminate (if any) goes out.
     if (terminate_ && !terminate_framed_) queue_terminate_fpdu();

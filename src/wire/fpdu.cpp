@@ -108,6 +108,20 @@ void FpduStreamDecoder::finish_trailer(FpduEvent& event) {
   event.kind = FpduEvent::Kind::end;
 }
 
+bool FpduStreamDecoder::whole_fpdu_in(std::span<const std::uint8_t> in, std::size_t at,
+                                      const std::uint8_t* fpdu) const {
+  if (in.size() - at < payload_left_ + trailer_size_) return false;
+  const std::uint8_t* trailer = in.data() + at + payload_left_;
+  const std::size_t padding = trailer_size_ - kFpduCrcSize;
+  for (std::size_t i = 0; i < padding; ++i)
+    if (trailer[i] != 0) return false;
+  if (!check_crc_) return true;
+  const std::uint8_t* c = trailer + padding;
+  const std::uint32_t received = std::uint32_t{c[0]} | (std::uint32_t{c[1]} << 8) | (std::uint32_t{c[2]} << 16) |
+                                 (std::uint32_t{c[3]} << 24);
+  return received == crc32c(std::span(fpdu, static_cast<std::size_t>(c - fpdu)));
+}
+
 // Every path returns the one `event`, built in the caller's storage (NRVO).
 FpduEvent FpduStreamDecoder::next(std::span<const std::uint8_t> in, std::size_t& consumed) {
   FpduEvent event;  // need_more until a phase says otherwise
@@ -175,16 +189,25 @@ FpduEvent FpduStreamDecoder::next(std::span<const std::uint8_t> in, std::size_t&
           fail_with(event, ok.error());
           return event;
         }
+        payload_left_ = ulpdu_length_ - header_size_;
+        trailer_size_ = fpdu_padding(ulpdu_length_) + kFpduCrcSize;
+        event.header = &decoded_;
+        event.payload_length = payload_left_;
+        if (whole_events_ && fpdu_start != nullptr && whole_fpdu_in(in, consumed, fpdu_start)) {
+          event.kind = FpduEvent::Kind::whole;
+          event.payload = in.subspan(consumed, payload_left_);
+          consumed += payload_left_ + trailer_size_;
+          payload_left_ = 0;
+          phase_ = Phase::length;
+          header_filled_ = 0;
+          return event;
+        }
         if (check_crc_) {
           crc_.reset();
           crc_.update(bytes);
         }
-        payload_left_ = ulpdu_length_ - header_size_;
-        trailer_size_ = fpdu_padding(ulpdu_length_) + kFpduCrcSize;
         phase_ = payload_left_ > 0 ? Phase::payload : Phase::trailer;
         event.kind = FpduEvent::Kind::header;
-        event.header = &decoded_;
-        event.payload_length = payload_left_;
         return event;
       }
       case Phase::payload: {

@@ -67,6 +67,8 @@ struct FpduEvent {
     header,     // a segment header is parsed; payload_length bytes of payload follow
     payload,    // a piece of payload (view into the caller's input)
     end,        // the FPDU's trailer checked out: the segment is complete
+    whole,      // header, payload and a trailer that checked out, all in one input: the
+                // three events above at once (only with set_whole_events(true))
     error,      // the stream is broken; the decoder stays in error
   };
   Kind kind = Kind::need_more;
@@ -96,14 +98,22 @@ class FpduStreamDecoder {
   void payload_placed(std::span<const std::uint8_t> bytes);
   bool failed() const { return phase_ == Phase::failed; }
   void set_check_crc(bool on) { check_crc_ = on; }
+  // An FPDU that lies whole in one input, and whose trailer checks out, is reported as one
+  // `whole` event. One that does not is reported in parts as usual, so the events and errors
+  // of a broken FPDU do not depend on how the stream was split.
+  void set_whole_events(bool on) { whole_events_ = on; }
 
  private:
   enum class Phase : std::uint8_t { length, header, payload, trailer, failed };
   // Both fill in the event next() returns (one FpduEvent per call, built in place).
   void fail_with(FpduEvent& event, WireError error);
   void finish_trailer(FpduEvent& event);
+  // The FPDU starting at `fpdu` (its header decoded) is whole in `in` from `at` on, with a
+  // zero PAD and, if checked, the right CRC.
+  bool whole_fpdu_in(std::span<const std::uint8_t> in, std::size_t at, const std::uint8_t* fpdu) const;
 
   bool check_crc_;
+  bool whole_events_ = false;
   std::size_t max_ulpdu_;
   Phase phase_ = Phase::length;
   std::array<std::uint8_t, kUlpduLengthSize + kMaxSegmentHeaderSize> header_{};

@@ -1,11 +1,12 @@
 // FpduStreamDecoder (RFC 5044 §4) on any byte stream. Input: a control byte (bit 0: check
 // CRC; bit 1: second pass reports payload through payload_placed(), the zero-copy path;
-// bits 2-3: the ULPDU limit), a split seed, then the stream.
+// bits 2-3: the ULPDU limit; bit 4: the first pass asks for `whole` events), a split seed,
+// then the stream.
 // The stream is decoded twice: in one call per event, and split into small pieces.
 // Oracles: both passes report the same FPDUs, payload bytes, error and consumption (decoding
 // does not depend on where TCP splits the stream); the decoder never consumes more than it
 // is given and always makes progress; events come in header / payload / end order with
-// payload views inside the caller's input; every FPDU that ends is well formed — its size
+// payload views inside the caller's input (or one `whole` event); every FPDU that ends is well formed — its size
 // follows from ULPDU_Length, its header decodes from the bytes to the reported header, its
 // padding is zero, its CRC checks when CRC is on; after an error it stays failed.
 #include <algorithm>
@@ -44,6 +45,7 @@ struct Pass {
   std::size_t max_ulpdu = kMaxUlpduLength;
   std::uint64_t split_seed = 0;
   bool zero_copy = false;
+  bool whole_events = false;
 };
 
 // The FPDU that just ended occupies stream[start, end).
@@ -74,6 +76,7 @@ void check_ended_fpdu(std::span<const std::uint8_t> stream, std::size_t start, s
 
 Trace decode(std::span<const std::uint8_t> stream, const Pass& pass) {
   FpduStreamDecoder decoder(pass.check_crc, pass.max_ulpdu);
+  decoder.set_whole_events(pass.whole_events);
   peercm::fuzz::Splitter split(pass.split_seed);
   Trace trace;
   std::size_t pos = 0;
@@ -131,6 +134,20 @@ Trace decode(std::span<const std::uint8_t> stream, const Pass& pass) {
         open = nullptr;
         fpdu_start = pos;
         break;
+      case FpduEvent::Kind::whole:
+        FUZZ_CHECK(pass.whole_events, "a whole event not asked for");
+        FUZZ_CHECK(open == nullptr, "a whole FPDU inside an FPDU");
+        FUZZ_CHECK(event.payload.size() == event.payload_length, "whole FPDU with part of its payload");
+        FUZZ_CHECK(event.payload.empty() || (event.payload.data() >= in.data() &&
+                                             event.payload.data() + event.payload.size() <= in.data() + in.size()),
+                   "payload view outside the caller's input");
+        trace.fpdus.push_back(Fpdu{.header = *event.header,
+                                   .payload_length = event.payload_length,
+                                   .payload = {event.payload.begin(), event.payload.end()},
+                                   .ended = true});
+        check_ended_fpdu(stream, fpdu_start, pos, trace.fpdus.back(), pass);
+        fpdu_start = pos;
+        break;
       case FpduEvent::Kind::error:
         trace.error = event.error;
         break;
@@ -171,6 +188,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto stream = in.rest();
   Pass whole{.check_crc = (control & 1) != 0, .max_ulpdu = kLimits[(control >> 2) & 3]};
   Pass split = whole;
+  whole.whole_events = (control & 16) != 0;
   split.split_seed = seed | 0x100u;  // never zero: always split
   split.zero_copy = (control & 2) != 0;
   const Trace a = decode(stream, whole);

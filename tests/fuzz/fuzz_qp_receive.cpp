@@ -428,6 +428,9 @@ class Harness {
         case wire::FpduEvent::Kind::end:
           on_outbound_fpdu(out_header_);
           break;
+        case wire::FpduEvent::Kind::whole:
+          FUZZ_CHECK(false, "a whole event not asked for");
+          break;
         case wire::FpduEvent::Kind::need_more:
           break;
       }

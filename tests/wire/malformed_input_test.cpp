@@ -333,7 +333,7 @@ std::vector<FpduCase> fpdu_cases() {
 }
 
 struct Outcome {
-  std::size_t ended = 0;   // complete segments
+  std::size_t ended = 0;   // complete segments (`end` or `whole` events)
   std::size_t headers = 0;
   std::optional<WireError> error;
 };
@@ -351,7 +351,7 @@ Outcome run(FpduStreamDecoder& decoder, std::span<const std::uint8_t> in, std::s
       rest = rest.subspan(std::min(consumed, rest.size()));
       if (event.kind == FpduEvent::Kind::need_more) break;
       if (event.kind == FpduEvent::Kind::header) ++out.headers;
-      if (event.kind == FpduEvent::Kind::end) ++out.ended;
+      if (event.kind == FpduEvent::Kind::end || event.kind == FpduEvent::Kind::whole) ++out.ended;
       if (event.kind == FpduEvent::Kind::error) {
         out.error = event.error;
         break;
@@ -363,16 +363,22 @@ Outcome run(FpduStreamDecoder& decoder, std::span<const std::uint8_t> in, std::s
 
 class MalformedFpdu : public ::testing::TestWithParam<FpduCase> {};
 
+// A broken FPDU gives the same error with `whole` events on: they are only for FPDUs that
+// check out.
 TEST_P(MalformedFpdu, AllAtOnceAndByteByByte) {
   const FpduCase& c = GetParam();
-  for (const std::size_t chunk : {std::size_t{0}, std::size_t{1}}) {
-    SCOPED_TRACE(chunk == 0 ? "all at once" : "byte by byte");
-    FpduStreamDecoder decoder(c.check_crc, c.max_ulpdu);
-    const Outcome o = run(decoder, c.bytes, chunk);
-    ASSERT_TRUE(o.error.has_value());
-    EXPECT_EQ(*o.error, c.error);
-    EXPECT_EQ(o.ended, 0u);
-    EXPECT_TRUE(decoder.failed());
+  for (const bool whole_events : {false, true}) {
+    for (const std::size_t chunk : {std::size_t{0}, std::size_t{1}}) {
+      SCOPED_TRACE(chunk == 0 ? "all at once" : "byte by byte");
+      SCOPED_TRACE(whole_events ? "whole events" : "events in parts");
+      FpduStreamDecoder decoder(c.check_crc, c.max_ulpdu);
+      decoder.set_whole_events(whole_events);
+      const Outcome o = run(decoder, c.bytes, chunk);
+      ASSERT_TRUE(o.error.has_value());
+      EXPECT_EQ(*o.error, c.error);
+      EXPECT_EQ(o.ended, 0u);
+      EXPECT_TRUE(decoder.failed());
+    }
   }
 }
 
@@ -380,11 +386,16 @@ TEST_P(MalformedFpdu, AfterAValidFpdu) {
   const FpduCase& c = GetParam();
   // A valid FPDU the decoder accepts first (the zero-length Write RTR when max_ulpdu is tiny).
   const Bytes& valid = load_be16(kValidSend.data()) <= c.max_ulpdu ? kValidSend : kValidWrite;
-  FpduStreamDecoder decoder(c.check_crc, c.max_ulpdu);
-  const Outcome o = run(decoder, concat(valid, c.bytes), 7);
-  ASSERT_TRUE(o.error.has_value());
-  EXPECT_EQ(*o.error, c.error);
-  EXPECT_EQ(o.ended, 1u);
+  for (const bool whole_events : {false, true}) {
+    for (const std::size_t chunk : {std::size_t{7}, std::size_t{0}}) {
+      FpduStreamDecoder decoder(c.check_crc, c.max_ulpdu);
+      decoder.set_whole_events(whole_events);
+      const Outcome o = run(decoder, concat(valid, c.bytes), chunk);
+      ASSERT_TRUE(o.error.has_value());
+      EXPECT_EQ(*o.error, c.error);
+      EXPECT_EQ(o.ended, 1u);
+    }
+  }
 }
 
 TEST_P(MalformedFpdu, StaysFailedWithTheSameError) {

@@ -293,8 +293,10 @@ struct Decoded {
 // Drives a FpduStreamDecoder and checks its contract on every event (RC_ASSERT).
 class Collector {
  public:
-  Collector(bool check_crc, bool zero_copy, std::uint32_t seed)
-      : decoder_(check_crc), zero_copy_(zero_copy), rng_(seed) {}
+  Collector(bool check_crc, bool zero_copy, std::uint32_t seed, bool whole_events = false)
+      : decoder_(check_crc), zero_copy_(zero_copy), rng_(seed) {
+    decoder_.set_whole_events(whole_events);
+  }
 
   void feed(std::span<const std::uint8_t> in) {
     for (;;) {
@@ -343,6 +345,14 @@ class Collector {
           item.ended = true;
           break;
         }
+        case FpduEvent::Kind::whole:
+          WIRE_CHECK(decoded_.items.empty() || decoded_.items.back().ended);
+          WIRE_CHECK(event.payload.size() == event.payload_length);
+          WIRE_CHECK(!decoder_.in_payload());
+          decoded_.items.push_back(
+              Item{*event.header, event.payload_length, {event.payload.begin(), event.payload.end()}, true});
+          ++wholes_;
+          break;
         case FpduEvent::Kind::error:
           WIRE_CHECK(decoder_.failed());
           decoded_.error = event.error;
@@ -352,9 +362,11 @@ class Collector {
   }
 
   const Decoded& decoded() const { return decoded_; }
+  std::size_t wholes() const { return wholes_; }
 
  private:
   FpduStreamDecoder decoder_;
+  std::size_t wholes_ = 0;
   bool zero_copy_;
   std::mt19937 rng_;
   Decoded decoded_;
@@ -473,6 +485,19 @@ RC_GTEST_PROP(RoundTripProperty, FpduStreamIsIndependentOfChunking, ()) {
   // (d) zero-copy placement of every payload, fed in random chunks
   assert_same(decode_in_chunks(wire, with_crc, sizes, /*zero_copy=*/true, seed), whole);
   assert_same(decode_in_chunks(wire, with_crc, {}, /*zero_copy=*/true, seed), whole);
+  // (e) `whole` events: all at once, every FPDU is one; in small chunks, the same segments
+  Collector at_once(with_crc, false, 0, /*whole_events=*/true);
+  at_once.feed(wire);
+  assert_same(at_once.decoded(), whole);
+  WIRE_CHECK(at_once.wholes() == segments.size());
+  Collector chunked(with_crc, false, 0, /*whole_events=*/true);
+  std::size_t at = 0;
+  for (std::size_t i = 0; at < wire.size(); ++i) {
+    const std::size_t n = std::min(wire.size() - at, sizes[i % sizes.size()]);
+    chunked.feed(std::span(wire).subspan(at, n));
+    at += n;
+  }
+  assert_same(chunked.decoded(), whole);
 }
 
 // Corrupting one byte of a CRC-protected stream never yields a different complete segment:
