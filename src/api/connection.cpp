@@ -445,7 +445,8 @@ void Connection::transmit() {
 
 void Connection::drain_qp_events() {
   if (!qp_) return;
-  if (auto event = qp_->engine.poll_event()) {
+  if (qp_->engine.has_events()) {
+    auto event = qp_->engine.poll_event();
     auto self = shared_from_this();  // a callback may drop the owner's reference
     do {
       if (auto callback = callbacks_.qp_event) callback(*event);

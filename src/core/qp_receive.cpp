@@ -125,9 +125,7 @@ constexpr std::size_t kKeptStaging = 4096;  // small segments reuse their buffer
 }  // namespace
 
 void QueuePairEngine::on_segment_header(const wire::SegmentHeader& header, std::size_t payload_length) {
-  rx_ = RxSegment{};
-  rx_.header = header;
-  rx_.length = payload_length;
+  rx_ = RxSegment{.header = header, .length = payload_length};
   staged_ = 0;
   unchecked_ = {};
   if (params_.crc) return;  // checked once the CRC is verified (on_segment_end)
@@ -201,7 +199,13 @@ void QueuePairEngine::on_segment_end() {
     case RxKind::rtr_write:
       break;
   }
-  if (state_ != QpState::error) rx_ = RxSegment{};
+  if (state_ != QpState::error) {
+    // Nothing points into the finished segment's receive or target any more; the next
+    // header sets the rest.
+    rx_.kind = RxKind::none;
+    rx_.recv = nullptr;
+    rx_.tagged_target = nullptr;
+  }
 }
 
 // Validates a segment before any byte of it is placed and sets up its placement.

@@ -251,8 +251,6 @@ void QueuePairEngine::fill_pipeline() {
   }
 }
 
-bool QueuePairEngine::has_transmit() const { return connected_ && (ring_count_ > 0 || message_ready()); }
-
 std::size_t QueuePairEngine::gather_transmit(std::span<iovec> out) {
   if (!connected_) return 0;
   fill_pipeline();

@@ -178,10 +178,6 @@ std::optional<QpEvent> QueuePairEngine::poll_event() {
 
 QpState QueuePairEngine::state() const { return state_; }
 
-bool QueuePairEngine::transmit_closed() const {
-  return state_ == QpState::error && ring_count_ == 0 && (!terminate_ || terminate_framed_);
-}
-
 const QpStats& QueuePairEngine::stats() const { return stats_; }
 
 // ---------------------------------------------------------------- errors and flushing

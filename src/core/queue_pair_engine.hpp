@@ -114,11 +114,15 @@ class QueuePairEngine {
   std::size_t gather_transmit(std::span<iovec> out);
   // The socket accepted the first `n` bytes of what gather_transmit() offered.
   void handle_transmitted(std::size_t n);
-  bool has_transmit() const;
+  // Asked after every input and post; inline, as it is mostly false.
+  bool has_transmit() const { return connected_ && (ring_count_ > 0 || message_ready()); }
   std::optional<QpEvent> poll_event();
+  bool has_events() const { return !events_.empty(); }
   QpState state() const;
   // True once nothing more will be sent: the driver may close the socket (after draining).
-  bool transmit_closed() const;
+  bool transmit_closed() const {
+    return state_ == QpState::error && ring_count_ == 0 && (!terminate_ || terminate_framed_);
+  }
   const QpStats& stats() const;
 
   // Driver contract and choices made here:
