@@ -41,7 +41,9 @@ bool CompletionQueueImpl::push(const WorkCompletion& completion) {
     overrun.store(true, std::memory_order_relaxed);
     return false;
   }
-  ring[(head + n) % ring.size()] = completion;
+  // The capacity is the application's choice, not a power of two: wrap without dividing.
+  const std::size_t at = head + n;
+  ring[at < ring.size() ? at : at - ring.size()] = completion;
   count.store(n + 1, std::memory_order_release);
   if (arm == Arm::next && channel) {
     arm = Arm::none;
@@ -129,7 +131,7 @@ std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) {
   const std::size_t n = std::min(out.size(), q.count.load(std::memory_order_relaxed));
   for (std::size_t i = 0; i < n; ++i) {
     out[i] = q.ring[q.head];
-    q.head = (q.head + 1) % q.ring.size();
+    if (++q.head == q.ring.size()) q.head = 0;
   }
   q.count.store(q.count.load(std::memory_order_relaxed) - n, std::memory_order_release);
   return n;

@@ -282,7 +282,7 @@ void QueuePairEngine::handle_transmitted(std::size_t n) {
     const TxOwner owner = slot.owner;
     const std::uint64_t seq = slot.seq;
     const bool last = slot.last;
-    ring_head_ = (ring_head_ + 1) % ring_.size();
+    ring_head_ = (ring_head_ + 1) & (kTxSlots - 1);
     --ring_count_;
     ++stats_.fpdus_sent;
     on_message_transmitted(owner, seq, last);

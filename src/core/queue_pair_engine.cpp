@@ -10,8 +10,6 @@
 namespace peercm::core {
 namespace {
 
-constexpr std::size_t kTxSlots = 64;
-
 WcOpcode wc_opcode(WrOpcode op) {
   switch (op) {
     case WrOpcode::rdma_write: return WcOpcode::rdma_write;
@@ -32,7 +30,6 @@ QueuePairEngine::QueuePairEngine(const QpConfig& config, MemoryTable& memory, Co
       memory_(memory),
       send_cq_(send_cq),
       recv_cq_(recv_cq),
-      ring_(kTxSlots),
       receive_source_(config.srq ? config.srq : &rq_) {
   // Slots come into being as the ring first reaches them (ring_at): creating a QP, which
   // connection setup does N times, allocates and touches only the table of 64 pointers.

@@ -230,12 +230,12 @@ class QueuePairEngine {
   // A slot is allocated the first time the ring reaches it and kept: an idle QP holds the
   // few its setup used, a streaming one all of them, and framing soon allocates nothing.
   TxSlot& ring_at(std::size_t i) {
-    std::unique_ptr<TxSlot>& slot = ring_[(ring_head_ + i) % ring_.size()];
+    std::unique_ptr<TxSlot>& slot = ring_[(ring_head_ + i) & (kTxSlots - 1)];
     if (!slot) slot = std::make_unique<TxSlot>();
     return *slot;
   }
   // Only for framed slots (i < ring_count_), which exist.
-  const TxSlot& ring_at(std::size_t i) const { return *ring_[(ring_head_ + i) % ring_.size()]; }
+  const TxSlot& ring_at(std::size_t i) const { return *ring_[(ring_head_ + i) & (kTxSlots - 1)]; }
 
   // qp_receive.cpp
   void on_segment_header(const wire::SegmentHeader& header, std::size_t payload_length);
@@ -297,7 +297,10 @@ class QueuePairEngine {
   bool last_was_response_ = false;
   std::size_t mulpdu_ = 1454;
   TxMessage tx_msg_;
-  std::vector<std::unique_ptr<TxSlot>> ring_;  // its iovecs point into the slots: they never move
+  // FPDUs framed ahead of the socket (a power of two: ring positions are masked, not divided).
+  static constexpr std::size_t kTxSlots = 64;
+  static_assert((kTxSlots & (kTxSlots - 1)) == 0);
+  std::array<std::unique_ptr<TxSlot>, kTxSlots> ring_;  // its iovecs point into the slots: they never move
   std::size_t ring_head_ = 0;
   std::size_t ring_count_ = 0;
   std::size_t ring_unsent_ = 0;  // bytes framed, not yet transmitted
