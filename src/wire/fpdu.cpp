@@ -6,6 +6,19 @@
 #include "wire/byte_io.hpp"
 
 namespace peercm::wire {
+namespace {
+
+// RFC 5044 §4.1: PAD is sent as zero; peercm treats anything else as a broken stream.
+bool padding_is_zero(const std::uint8_t* pad, std::size_t n) {
+  return std::all_of(pad, pad + n, [](std::uint8_t b) { return b == 0; });
+}
+
+// The CRC field: the one little-endian field of iWARP (RFC 5044 §4.4).
+std::uint32_t load_crc_field(const std::uint8_t* c) {
+  return std::uint32_t{c[0]} | (std::uint32_t{c[1]} << 8) | (std::uint32_t{c[2]} << 16) | (std::uint32_t{c[3]} << 24);
+}
+
+}  // namespace
 
 std::size_t mulpdu_for_emss(std::size_t emss) {
   if (emss < kMinMulpdu + 6 + emss % 4) return kMinMulpdu;  // also keeps the subtraction from wrapping
@@ -92,15 +105,11 @@ void FpduStreamDecoder::payload_placed(std::span<const std::uint8_t> bytes) {
 }
 
 void FpduStreamDecoder::finish_trailer(FpduEvent& event) {
-  // RFC 5044 §4.1: PAD is sent as zero; peercm treats anything else as a broken stream.
-  for (std::size_t i = 0; i + kFpduCrcSize < trailer_size_; ++i)
-    if (trailer_[i] != 0) return fail_with(event, WireError::fpdu_bad_padding);
+  const std::size_t padding = trailer_size_ - kFpduCrcSize;
+  if (!padding_is_zero(trailer_.data(), padding)) return fail_with(event, WireError::fpdu_bad_padding);
   if (check_crc_) {
-    crc_.update(std::span(trailer_).first(trailer_size_ - kFpduCrcSize));
-    const std::uint8_t* c = trailer_.data() + trailer_size_ - kFpduCrcSize;
-    const std::uint32_t received = std::uint32_t{c[0]} | (std::uint32_t{c[1]} << 8) |
-                                   (std::uint32_t{c[2]} << 16) | (std::uint32_t{c[3]} << 24);
-    if (received != crc_.finish()) return fail_with(event, WireError::fpdu_bad_crc);
+    crc_.update(std::span(trailer_).first(padding));
+    if (load_crc_field(trailer_.data() + padding) != crc_.finish()) return fail_with(event, WireError::fpdu_bad_crc);
   }
   phase_ = Phase::length;
   header_filled_ = 0;
@@ -113,13 +122,10 @@ bool FpduStreamDecoder::whole_fpdu_in(std::span<const std::uint8_t> in, std::siz
   if (in.size() - at < payload_left_ + trailer_size_) return false;
   const std::uint8_t* trailer = in.data() + at + payload_left_;
   const std::size_t padding = trailer_size_ - kFpduCrcSize;
-  for (std::size_t i = 0; i < padding; ++i)
-    if (trailer[i] != 0) return false;
+  if (!padding_is_zero(trailer, padding)) return false;
   if (!check_crc_) return true;
-  const std::uint8_t* c = trailer + padding;
-  const std::uint32_t received = std::uint32_t{c[0]} | (std::uint32_t{c[1]} << 8) | (std::uint32_t{c[2]} << 16) |
-                                 (std::uint32_t{c[3]} << 24);
-  return received == crc32c(std::span(fpdu, static_cast<std::size_t>(c - fpdu)));
+  const std::uint8_t* crc_field = trailer + padding;
+  return load_crc_field(crc_field) == crc32c(std::span(fpdu, static_cast<std::size_t>(crc_field - fpdu)));
 }
 
 // Every path returns the one `event`, built in the caller's storage (NRVO).
