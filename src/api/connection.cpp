@@ -395,6 +395,10 @@ void Connection::start_engine() {
   qp_->kick_transmit = [weak] {
     if (auto self = weak.lock()) self->transmit();
   };
+  qp_->send_direct = [weak](const SendWr& wr) {
+    auto self = weak.lock();
+    return self && self->send_direct(wr);
+  };
   qp_->engine.connect(params);
   if (!early_bytes_.empty()) {
     std::vector<std::uint8_t> early;
@@ -441,6 +445,33 @@ void Connection::transmit() {
     update_interest();
   }
   drain_qp_events();  // closes the socket once the engine has nothing more to send
+}
+
+// A WR posted while nothing waits to go out is written at once, without entering the send
+// queue; what the socket does not take waits for room like any queued FPDU.
+bool Connection::send_direct(const SendWr& wr) {
+  if (fd_ < 0 || phase_ != Phase::running || !qp_) return false;
+  const std::span<const iovec> fpdu = qp_->engine.frame_direct(wr);
+  if (fpdu.empty()) return false;
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(fpdu.data());
+  msg.msg_iovlen = fpdu.size();
+  ssize_t n;
+  do n = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  const bool failed = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK;
+  qp_->engine.finish_direct(wr, n < 0 ? 0 : static_cast<std::size_t>(n));
+  if (failed) {
+    qp_->engine.handle_connection_lost();
+    drain_qp_events();
+    return true;
+  }
+  if (qp_->engine.has_transmit()) {
+    transmit();  // the rest, or a Terminate after a CQ overrun
+    return true;
+  }
+  drain_qp_events();
+  return true;
 }
 
 void Connection::drain_qp_events() {
@@ -508,7 +539,10 @@ void Connection::close_socket(bool send_fin) {
   ::close(fd_);
   fd_ = -1;
   phase_ = Phase::closed;
-  if (qp_) qp_->kick_transmit = nullptr;
+  if (qp_) {
+    qp_->kick_transmit = nullptr;
+    qp_->send_direct = nullptr;
+  }
   if (!closed_notified_) {
     closed_notified_ = true;
     auto self = shared_from_this();

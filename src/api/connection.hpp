@@ -90,6 +90,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void receive_mpa(std::span<const std::uint8_t> bytes);
   void feed_engine(std::span<const std::uint8_t> bytes);
   void transmit();
+  bool send_direct(const SendWr& wr);
   void transmit_mpa();
   void drain_mpa_events();
   void drain_qp_events();

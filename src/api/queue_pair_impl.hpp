@@ -31,6 +31,9 @@ struct QueuePairImpl {
   // Set by the connection carrying this QP: pushes pending bytes to the socket.
   // Called with the context lock held.
   std::function<void()> kick_transmit;
+  // Set with kick_transmit by an iWARP connection: writes a WR the engine can frame at once
+  // (QueuePairEngine::frame_direct) and returns true, or returns false for post_send().
+  std::function<bool(const SendWr&)> send_direct;
   // A QP of its own (QueuePair::create) carries at most one connection in its life.
   bool standalone = false;
   bool claimed = false;

@@ -155,6 +155,7 @@ QpState QueuePair::state() const {
 
 Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   std::lock_guard lock(impl_->context->mutex);
+  if (impl_->send_direct && impl_->send_direct(wr)) return {};
   auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine.post_send(wr);
   if (posted && impl_->kick_transmit) impl_->kick_transmit();
   return posted;

@@ -66,6 +66,21 @@ bool QueuePairEngine::start_next_message() {
   return false;
 }
 
+// The fields every segment of a Send (RFC 5040 §5.3: untagged, QN 0) or a Write (§5.1:
+// tagged to the peer's STag) shares; the MSN is the caller's to take.
+wire::SegmentHeader QueuePairEngine::message_header(const SendWr& wr) {
+  wire::SegmentHeader header;
+  if (wr.opcode == WrOpcode::rdma_write) {
+    header.opcode = wire::RdmapOpcode::rdma_write;
+    header.stag = wr.rkey;
+  } else {
+    header.opcode = send_opcode(wr);
+    header.queue_number = wire::kQueueSend;
+    header.invalidate_stag = wr.invalidate_rkey;
+  }
+  return header;
+}
+
 void QueuePairEngine::start_send_queue_message() {
   const std::uint64_t seq = sq_next_++;
   SendEntry& entry = sq_[seq - sq_base_];
@@ -82,17 +97,12 @@ void QueuePairEngine::start_send_queue_message() {
   switch (entry.wr.opcode) {
     case WrOpcode::send:
     case WrOpcode::send_with_invalidate:
-      // RFC 5040 §5.3 Send family: untagged, QN 0, one MSN per message (RFC 5041 §5.3).
-      m.header.opcode = send_opcode(entry.wr);
-      m.header.queue_number = wire::kQueueSend;
-      m.header.msn = next_send_msn_++;
-      m.header.invalidate_stag = entry.wr.invalidate_rkey;
+      m.header = message_header(entry.wr);
+      m.header.msn = next_send_msn_++;  // RFC 5041 §5.3: one MSN per message
       break;
     case WrOpcode::rdma_write:
-      // RFC 5040 §5.1: tagged to the peer's STag, TO advancing per segment.
-      m.header.opcode = wire::RdmapOpcode::rdma_write;
-      m.header.stag = entry.wr.rkey;
-      m.base_offset = entry.wr.remote_addr;
+      m.header = message_header(entry.wr);
+      m.base_offset = entry.wr.remote_addr;  // RFC 5040 §5.1: TO advancing per segment
       break;
     case WrOpcode::send_with_imm:
     case WrOpcode::rdma_write_with_imm:
@@ -324,6 +334,64 @@ void QueuePairEngine::complete_ready_sends() {
     sq_.pop_front();
     ++sq_base_;
   }
+}
+
+// ---------------------------------------------------------------- direct transmit
+
+// Nothing is queued, framed or owed to the peer, and the QP may send: a WR posted now
+// would be the next FPDU on the wire whichever path it took.
+bool QueuePairEngine::transmit_idle() const {
+  return connected_ && state_ == QpState::rts && !tx_stopped_ && ring_count_ == 0 && sq_.empty() &&
+         tx_msg_.owner == TxOwner::none && !rtr_pending_ && !tx_fenced_ &&
+         inbound_next_ == inbound_base_ + inbound_reads_.size();
+}
+
+// The send queue's schedule, for a WR it would frame at once anyway: the same FPDU, framed
+// into the ring's first slot, without the queue entry and the scheduling around it.
+std::span<const iovec> QueuePairEngine::frame_direct(const SendWr& wr) {
+  if (!transmit_idle()) return {};
+  if (wr.opcode != WrOpcode::send && wr.opcode != WrOpcode::send_with_invalidate &&
+      wr.opcode != WrOpcode::rdma_write)
+    return {};
+  // Inline data must outlive a partial write: only the queue keeps a copy of it.
+  if (wr.flags & kSendInline) return {};
+  std::uint64_t length = 0;
+  if (!check_send_wr(wr, length)) return {};
+  // A bad SGE takes the queue, which completes it in error and terminates the stream.
+  for (const Sge& sge : wr.sg_list)
+    if (!memory_.check_local(sge, config_.pd, false)) return {};
+  wire::SegmentHeader header = message_header(wr);
+  if (length > mulpdu_ - wire::segment_header_size(header)) return {};  // one FPDU only
+  if (wire::is_send(header.opcode)) header.msn = next_send_msn_++;
+  tx_msg_ = TxMessage{.owner = TxOwner::send_queue,
+                      .seq = sq_next_,  // the entry it becomes if the socket takes only part
+                      .header = header,
+                      .length = length,
+                      .base_offset = wr.remote_addr,
+                      .sges = &wr.sg_list};
+  frame_segment();
+  tx_msg_.sges = nullptr;  // the caller's list: framed, no longer needed
+  if (ring_count_ == 0) return {};  // could not frame: the QP is in ERROR, post_send() flushes it
+  return ring_at(0).pieces;
+}
+
+void QueuePairEngine::finish_direct(const SendWr& wr, std::size_t written) {
+  const bool whole = written >= ring_at(0).size;
+  const bool signaled = config_.signal_all || (wr.flags & kSendSignaled);
+  std::uint64_t length = 0;
+  for (const Sge& sge : wr.sg_list) length += sge.length;
+  if (whole) {
+    // RFC 5040 §5.5: complete once the LLP accepted the last byte.
+    if (signaled) push_send_completion(completion_for(wr, length, WcStatus::success));
+  } else {
+    // The rest goes out as any queued WR's would, and it completes then.
+    SendEntry& entry = sq_.emplace_back(wr);
+    entry.length = length;
+    entry.signaled = signaled;
+    entry.phase = SendEntry::Phase::transmitting;
+    ++sq_next_;
+  }
+  handle_transmitted(written);
 }
 
 // Teardown: nothing new is framed; an FPDU already partly on the wire is finished from a

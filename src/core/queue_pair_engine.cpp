@@ -189,14 +189,18 @@ void QueuePairEngine::enter_error() {
   flush_all();
 }
 
-WorkCompletion QueuePairEngine::completion_for(const SendEntry& entry) const {
+WorkCompletion QueuePairEngine::completion_for(const SendWr& wr, std::uint64_t length, WcStatus status) const {
   WorkCompletion wc;
-  wc.wr_id = entry.wr.wr_id;
-  wc.status = entry.status;
-  wc.opcode = wc_opcode(entry.wr.opcode);
-  wc.byte_len = entry.status == WcStatus::success ? static_cast<std::uint32_t>(entry.length) : 0;
+  wc.wr_id = wr.wr_id;
+  wc.status = status;
+  wc.opcode = wc_opcode(wr.opcode);
+  wc.byte_len = status == WcStatus::success ? static_cast<std::uint32_t>(length) : 0;
   wc.qp_num = config_.qp_num;
   return wc;
+}
+
+WorkCompletion QueuePairEngine::completion_for(const SendEntry& entry) const {
+  return completion_for(entry.wr, entry.length, entry.status);
 }
 
 // Every outstanding WR completes exactly once, in submission order: those already done

@@ -110,6 +110,15 @@ class QueuePairEngine {
   void terminate(wire::TerminateCode code);
 
   // --- outputs ---
+  // Fast path for a small Send or Write posted while nothing else waits to go out (the
+  // ping-pong case): its one FPDU is framed at once, for the driver to write right away.
+  // Empty when the WR must be posted with post_send() instead (anything queued or framed,
+  // a Read, inline data, more than one FPDU, an invalid WR or SGE). Otherwise the WR is
+  // committed: write the iovecs (valid until then) and call finish_direct() with the count
+  // the socket accepted, 0 included, before any other input. A part the socket did not take
+  // goes out like queued work, and the WR completes when it has.
+  std::span<const iovec> frame_direct(const SendWr& wr);
+  void finish_direct(const SendWr& wr, std::size_t written);
   // Fills `out` with the next bytes to write (FPDUs, in order); returns the count of iovecs.
   std::size_t gather_transmit(std::span<iovec> out);
   // The socket accepted the first `n` bytes of what gather_transmit() offered.
@@ -215,6 +224,8 @@ class QueuePairEngine {
 
   // qp_transmit.cpp
   Status<std::errc> check_send_wr(const SendWr& wr, std::uint64_t& length) const;
+  static wire::SegmentHeader message_header(const SendWr& wr);
+  bool transmit_idle() const;
   bool send_queue_head_ready() const;
   bool message_ready() const;
   bool start_next_message();
@@ -269,6 +280,7 @@ class QueuePairEngine {
   void push_send_completion(const WorkCompletion& wc);
   void push_recv_completion(const WorkCompletion& wc, bool solicited);
   void after_input();
+  WorkCompletion completion_for(const SendWr& wr, std::uint64_t length, WcStatus status) const;
   WorkCompletion completion_for(const SendEntry& entry) const;
 
   QpConfig config_;

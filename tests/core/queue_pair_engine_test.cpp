@@ -1341,6 +1341,253 @@ TEST(QueuePairEngine, CqOverrunMovesTheQpToError) {
   a.expect_all_completed_once();
 }
 
+// ---------------------------------------------------------------- direct transmit
+
+SendWr make_wr(std::uint64_t id, WrOpcode op, std::vector<Sge> sges, std::uint32_t flags = 0,
+               std::uint64_t remote_addr = 0, std::uint32_t rkey = 0, std::uint32_t inv = 0) {
+  SendWr wr;
+  wr.wr_id = id;
+  wr.opcode = op;
+  wr.flags = flags;
+  wr.sg_list = std::move(sges);
+  wr.remote_addr = remote_addr;
+  wr.rkey = rkey;
+  wr.invalidate_rkey = inv;
+  return wr;
+}
+
+// Frames `wr` on the direct path and writes `limit` bytes of it (all by default) to `link`,
+// as a driver does. False when the engine refused it (nothing may have changed then).
+bool post_direct(Peer& from, Link& link, const SendWr& wr, std::optional<std::size_t> limit = std::nullopt) {
+  const std::span<const iovec> fpdu = from.qp.frame_direct(wr);
+  if (fpdu.empty()) return false;
+  from.posted_sends.push_back(wr.wr_id);
+  std::size_t left = limit.value_or(std::numeric_limits<std::size_t>::max());
+  std::size_t written = 0;
+  for (const iovec& piece : fpdu) {
+    const std::size_t n = std::min(left, piece.iov_len);
+    const auto* p = static_cast<const std::uint8_t*>(piece.iov_base);
+    link.pending.insert(link.pending.end(), p, p + n);
+    link.tap.insert(link.tap.end(), p, p + n);
+    left -= n;
+    written += n;
+  }
+  link.written += written;
+  from.qp.finish_direct(wr, written);
+  return true;
+}
+
+// What the send queue would have framed for the same WRs: the same bytes, the same
+// completions. Both senders have the same memory keys and payload; only the path differs.
+void direct_matches_queue(bool crc) {
+  const std::size_t max_send = 1454 - wire::kUntaggedHeaderSize;
+  const std::size_t max_write = 1454 - wire::kTaggedHeaderSize;
+  struct Case {
+    WrOpcode op;
+    std::uint32_t flags;
+    std::size_t size;
+    std::initializer_list<std::size_t> parts;
+  };
+  const Case cases[] = {
+      {WrOpcode::send, kSendSignaled, 0, {}},
+      {WrOpcode::send, kSendSignaled, 8, {}},
+      {WrOpcode::send, kSendSignaled | kSendSolicited, 1, {}},
+      {WrOpcode::send, kSendSignaled, max_send, {100, 3, 500}},
+      {WrOpcode::send_with_invalidate, kSendSignaled, 77, {5}},
+      {WrOpcode::rdma_write, kSendSignaled, 8, {}},
+      {WrOpcode::rdma_write, kSendSignaled, max_write, {1000}},
+      {WrOpcode::rdma_write, 0, 3, {}},  // unsignaled, the QP signals all
+  };
+  Peer queued(1), direct(1);
+  Mr queued_src = queued.reg(4096);
+  Mr direct_src = direct.reg(4096);
+  ASSERT_EQ(queued_src.stag, direct_src.stag);
+  fill_pattern(queued_src.bytes(), 5);
+  fill_pattern(direct_src.bytes(), 5);
+  queued.qp.connect(initiator_params(crc));
+  direct.qp.connect(initiator_params(crc));
+  Pump queued_pump(queued, queued, 1);
+  Link direct_link;
+  std::uint64_t id = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "case " << id);
+    const std::uint64_t remote = 0x7000'0000'0000'0000ull + id * 4096;
+    ASSERT_TRUE(queued.send(id, c.op, split(queued_src, 16, c.size, c.parts), c.flags, remote, 0x4242, 0x99));
+    ASSERT_TRUE(queued_pump.move(queued.qp, queued_pump.ab, std::numeric_limits<std::size_t>::max()));
+    ASSERT_TRUE(post_direct(direct, direct_link,
+                            make_wr(id, c.op, split(direct_src, 16, c.size, c.parts), c.flags, remote, 0x4242, 0x99)));
+    ASSERT_EQ(direct_link.tap, queued_pump.ab.tap);
+    EXPECT_FALSE(direct.qp.has_transmit());
+    EXPECT_EQ(direct.qp.send_queue_size(), 0u);
+    ++id;
+  }
+  ASSERT_EQ(direct.scq.wcs.size(), queued.scq.wcs.size());
+  for (std::size_t i = 0; i < direct.scq.wcs.size(); ++i) {
+    EXPECT_EQ(direct.scq.wcs[i].wr_id, queued.scq.wcs[i].wr_id);
+    EXPECT_EQ(direct.scq.wcs[i].status, WcStatus::success);
+    EXPECT_EQ(direct.scq.wcs[i].opcode, queued.scq.wcs[i].opcode);
+    EXPECT_EQ(direct.scq.wcs[i].byte_len, queued.scq.wcs[i].byte_len);
+    EXPECT_EQ(direct.scq.wcs[i].qp_num, queued.scq.wcs[i].qp_num);
+  }
+  EXPECT_EQ(direct.qp.stats().fpdus_sent, queued.qp.stats().fpdus_sent);
+}
+
+TEST(QueuePairEngineDirect, FramesTheSameBytesAsTheSendQueueWithCrc) { direct_matches_queue(true); }
+TEST(QueuePairEngineDirect, FramesTheSameBytesAsTheSendQueueWithoutCrc) { direct_matches_queue(false); }
+
+TEST(QueuePairEngineDirect, UnsignaledWrCompletesSilently) {
+  QpCaps caps;
+  Peer a(1, caps, /*signal_all=*/false), b(2);
+  Mr src = a.reg(64);
+  Mr dst = b.reg(64);
+  connect(a, b, false);
+  Pump pump(a, b, 3);
+  ASSERT_TRUE(b.recv(1, {dst.sge(0, 64)}));
+  ASSERT_TRUE(post_direct(a, pump.ab, make_wr(7, WrOpcode::send, {src.sge(0, 8)})));
+  pump.run();
+  EXPECT_TRUE(a.scq.wcs.empty());
+  ASSERT_EQ(b.rcq.wcs.size(), 1u);
+  EXPECT_EQ(b.rcq.wcs[0].byte_len, 8u);
+}
+
+// Everything the direct path must leave to the send queue, and the proof that a refusal
+// changed nothing: the same WR, posted normally, arrives with the MSN the peer expects.
+TEST(QueuePairEngineDirect, RefusesWhatMustBeQueued) {
+  QpCaps caps;
+  caps.max_send_sge = 2;
+  Peer a(1, caps), b(2);
+  Mr src = a.reg(4096);
+  Mr dst = b.reg(8192);
+  Mr other = a.reg(64, kAllAccess, 99);  // another protection domain
+  const std::size_t max_send = 1454 - wire::kUntaggedHeaderSize;
+  fill_pattern(src.bytes(), 9);
+  Pump pump(a, b, 4);
+
+  EXPECT_TRUE(a.qp.frame_direct(make_wr(1, WrOpcode::send, {src.sge(0, 8)})).empty()) << "before connect";
+  connect(a, b, true);
+  EXPECT_TRUE(b.qp.frame_direct(make_wr(1, WrOpcode::send, {dst.sge(0, 8)})).empty()) << "responder fence";
+  const std::vector<SendWr> refused = {
+      make_wr(1, WrOpcode::send, {src.sge(0, max_send + 1)}),                      // two FPDUs
+      make_wr(1, WrOpcode::rdma_write, {src.sge(0, 1454)}, 0, 0x1000, 0x10),       // two FPDUs
+      make_wr(1, WrOpcode::rdma_read, {src.sge(0, 8)}, 0, 0x1000, 0x10),           // a Read
+      make_wr(1, WrOpcode::send, {src.sge(0, 8)}, kSendInline),                    // inline data
+      make_wr(1, WrOpcode::send, {src.sge(0, 1), src.sge(1, 1), src.sge(2, 1)}),  // > max_send_sge
+      make_wr(1, WrOpcode::send_with_imm, {src.sge(0, 8)}),                        // no immediate data
+      make_wr(1, WrOpcode::send, {Sge{src.addr, 8, src.stag + 1}}),                // unknown lkey
+      make_wr(1, WrOpcode::send, {other.sge(0, 8)}),                               // other PD
+      make_wr(1, WrOpcode::send, {src.sge(4090, 8)}),                              // past the region
+  };
+  for (std::size_t i = 0; i < refused.size(); ++i)
+    EXPECT_TRUE(a.qp.frame_direct(refused[i]).empty()) << "refused wr " << i;
+  EXPECT_FALSE(a.qp.has_transmit());
+  EXPECT_EQ(a.qp.send_queue_size(), 0u);
+
+  // Queued or framed work goes first: a WR behind it may not overtake it.
+  ASSERT_TRUE(b.recv(10, {dst.sge(0, 4096)}));
+  ASSERT_TRUE(b.recv(11, {dst.sge(4096, 4096)}));
+  ASSERT_TRUE(a.send(20, WrOpcode::send, {src.sge(0, max_send + 1)}));
+  EXPECT_TRUE(a.qp.frame_direct(make_wr(21, WrOpcode::send, {src.sge(0, 8)})).empty()) << "send queue busy";
+  ASSERT_TRUE(a.send(21, WrOpcode::send, {src.sge(0, 8)}));
+  pump.run();
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+  for (const auto& wc : b.rcq.wcs) EXPECT_EQ(wc.status, WcStatus::success);
+  EXPECT_EQ(b.qp.state(), QpState::rts);
+
+  // An inbound Read Request owes the peer a Read Response first.
+  Mr exposed = b.reg(64);
+  ASSERT_TRUE(b.send(30, WrOpcode::rdma_read, {exposed.sge(0, 64)}, 0, src.addr, src.stag));
+  pump.move(b.qp, pump.ba, std::numeric_limits<std::size_t>::max());
+  pump.deliver(pump.ba, a.qp);
+  EXPECT_TRUE(a.qp.frame_direct(make_wr(22, WrOpcode::send, {src.sge(0, 8)})).empty()) << "read response owed";
+  pump.run();
+  b.expect_all_completed_once();
+  EXPECT_TRUE(has_pattern(exposed.bytes().first(64), 9));
+
+  // After a refusal by the direct path the same WR, posted normally, still fits the stream.
+  ASSERT_TRUE(b.recv(12, {dst.sge(0, 64)}));
+  ASSERT_TRUE(post_direct(a, pump.ab, make_wr(23, WrOpcode::send, {src.sge(0, 64)})));
+  pump.run();
+  a.expect_all_completed_once();
+  b.expect_all_completed_once();
+  EXPECT_EQ(b.rcq.wcs.back().byte_len, 64u);
+  EXPECT_EQ(a.qp.state(), QpState::rts);
+  EXPECT_EQ(b.qp.state(), QpState::rts);
+
+  a.qp.disconnect();
+  EXPECT_TRUE(a.qp.frame_direct(make_wr(24, WrOpcode::send, {src.sge(0, 8)})).empty()) << "in ERROR";
+}
+
+// The socket took part of the FPDU (or none of it): the rest goes out as queued work, the
+// WR completes only then, and a WR posted behind it follows in order.
+TEST(QueuePairEngineDirect, PartialWriteFinishesLikeQueuedWork) {
+  for (const bool crc : {true, false}) {
+    for (const std::size_t written : {std::size_t{0}, std::size_t{1}, std::size_t{21}, std::size_t{40}}) {
+      SCOPED_TRACE(testing::Message() << "crc " << crc << " written " << written);
+      Peer a(1), b(2);
+      Mr src = a.reg(64);
+      Mr dst = b.reg(128);
+      fill_pattern(src.bytes(), written);
+      connect(a, b, crc);
+      Pump pump(a, b, written);
+      ASSERT_TRUE(b.recv(1, {dst.sge(0, 64)}));
+      ASSERT_TRUE(b.recv(2, {dst.sge(64, 64)}));
+      // 4 (MPA) + 18 (header) + 20 payload + 2 pad + (CRC) = 44 or 48 bytes.
+      ASSERT_TRUE(post_direct(a, pump.ab, make_wr(10, WrOpcode::send, {src.sge(0, 20)}), written));
+      EXPECT_TRUE(a.scq.wcs.empty());
+      EXPECT_EQ(a.qp.send_queue_size(), 1u);
+      EXPECT_TRUE(a.qp.has_transmit());
+      EXPECT_TRUE(a.qp.frame_direct(make_wr(11, WrOpcode::send, {src.sge(20, 44)})).empty());
+      ASSERT_TRUE(a.send(11, WrOpcode::send, {src.sge(20, 44)}));
+      pump.run();
+      a.expect_all_completed_once();
+      b.expect_all_completed_once();
+      ASSERT_EQ(a.scq.wcs.size(), 2u);
+      EXPECT_EQ(a.scq.wcs[0].wr_id, 10u);
+      EXPECT_EQ(a.scq.wcs[0].byte_len, 20u);
+      EXPECT_EQ(a.scq.wcs[1].wr_id, 11u);
+      ASSERT_EQ(b.rcq.wcs.size(), 2u);
+      EXPECT_EQ(b.rcq.wcs[0].byte_len, 20u);
+      EXPECT_EQ(b.rcq.wcs[1].byte_len, 44u);
+      EXPECT_TRUE(has_pattern(dst.bytes().first(20), written));
+      EXPECT_EQ(0, std::memcmp(dst.data + 64, src.data + 20, 44));
+      EXPECT_EQ(a.qp.send_queue_size(), 0u);
+    }
+  }
+}
+
+TEST(QueuePairEngineDirect, ConnectionLostAfterAPartialWriteFlushesTheWr) {
+  Peer a(1), b(2);
+  Mr src = a.reg(64);
+  connect(a, b, true);
+  Pump pump(a, b, 6);
+  ASSERT_TRUE(post_direct(a, pump.ab, make_wr(10, WrOpcode::rdma_write, {src.sge(0, 32)}, 0, 0x1000, 7), 5));
+  a.qp.handle_connection_lost();
+  a.expect_all_completed_once();
+  ASSERT_EQ(a.scq.wcs.size(), 1u);
+  EXPECT_EQ(a.scq.wcs[0].status, WcStatus::wr_flush_error);
+  EXPECT_EQ(a.scq.wcs[0].opcode, WcOpcode::rdma_write);
+}
+
+TEST(QueuePairEngineDirect, CqOverrunOnItsCompletionTerminates) {
+  Peer a(1), b(2);
+  Mr src = a.reg(64);
+  Mr dst = b.reg(64);
+  a.scq.capacity = 1;
+  connect(a, b, false);
+  Pump pump(a, b, 7);
+  ASSERT_TRUE(post_direct(a, pump.ab, make_wr(1, WrOpcode::rdma_write, {src.sge(0, 8)}, 0, dst.addr, dst.stag)));
+  EXPECT_EQ(a.qp.state(), QpState::rts);
+  ASSERT_TRUE(post_direct(a, pump.ab, make_wr(2, WrOpcode::rdma_write, {src.sge(8, 8)}, 0, dst.addr, dst.stag)));
+  EXPECT_EQ(a.qp.state(), QpState::error);
+  const auto ae = a.events();
+  ASSERT_TRUE(find_event(ae, QpEvent::Kind::terminate_sent));
+  EXPECT_EQ(find_event(ae, QpEvent::Kind::terminate_sent)->code, (TerminateCode{TerminateLayer::rdmap, 0, 0}));
+  pump.run();
+  EXPECT_TRUE(find_event(b.events(), QpEvent::Kind::terminate_received));
+  EXPECT_EQ(a.scq.wcs.size(), 1u);
+}
+
 // ---------------------------------------------------------------- shared receive queue
 
 // Two connections (a1 -> b1, a2 -> b2) whose receivers take their receives from one SRQ of
