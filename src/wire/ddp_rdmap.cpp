@@ -164,12 +164,8 @@ Result<std::size_t, WireError> peek_segment_header_size(std::uint8_t ddp_control
   return kUntaggedHeaderSize;
 }
 
-Status<WireError> detail::decode_segment_header_into(std::span<const std::uint8_t> bytes,
-                                                     std::size_t ulpdu_length, SegmentHeader& h) {
-  if (bytes.size() < 2) return fail(WireError::truncated);
-  auto size = peek_segment_header_size(bytes[0], bytes[1], ulpdu_length);
-  if (!size) return fail(size.error());
-  if (bytes.size() < *size) return fail(WireError::truncated);
+Status<WireError> detail::decode_sized_segment_header_into(std::span<const std::uint8_t> bytes,
+                                                           std::size_t header_size, SegmentHeader& h) {
   const std::uint8_t* p = bytes.data();
   h.opcode = static_cast<RdmapOpcode>(p[1] & kOpcodeMask);
   h.last = p[0] & kDdpLast;
@@ -189,7 +185,7 @@ Status<WireError> detail::decode_segment_header_into(std::span<const std::uint8_
     h.read_request = decode_read_request(p + kUntaggedHeaderSize);
   } else if (h.opcode == RdmapOpcode::terminate) {
     if (!h.last || h.message_offset != 0) return fail(WireError::rdmap_bad_terminate);
-    auto term = decode_terminate(bytes.subspan(kUntaggedHeaderSize, *size - kUntaggedHeaderSize));
+    auto term = decode_terminate(bytes.subspan(kUntaggedHeaderSize, header_size - kUntaggedHeaderSize));
     if (!term) return fail(term.error());
     h.terminate = *term;
   }
@@ -198,8 +194,12 @@ Status<WireError> detail::decode_segment_header_into(std::span<const std::uint8_
 
 Result<SegmentHeader, WireError> decode_segment_header(std::span<const std::uint8_t> bytes,
                                                        std::size_t ulpdu_length) {
+  if (bytes.size() < 2) return fail(WireError::truncated);
+  auto size = peek_segment_header_size(bytes[0], bytes[1], ulpdu_length);
+  if (!size) return fail(size.error());
+  if (bytes.size() < *size) return fail(WireError::truncated);
   SegmentHeader h;
-  if (auto ok = detail::decode_segment_header_into(bytes, ulpdu_length, h); !ok) return fail(ok.error());
+  if (auto ok = detail::decode_sized_segment_header_into(bytes, *size, h); !ok) return fail(ok.error());
   return h;
 }
 

@@ -115,11 +115,13 @@ Result<SegmentHeader, WireError> decode_segment_header(std::span<const std::uint
                                                        std::size_t ulpdu_length);
 
 namespace detail {
-// decode_segment_header writing straight into `out`, which must hold a default-constructed
-// SegmentHeader (the FPDU receive path decodes into its event without copying a Result).
-// On failure `out` holds partial fields and is to be discarded.
-Status<WireError> decode_segment_header_into(std::span<const std::uint8_t> bytes, std::size_t ulpdu_length,
-                                             SegmentHeader& out);
+// decode_segment_header after its peek_segment_header_size() (whose result is `header_size`,
+// for the same bytes and length), writing straight into `out`, which must hold a
+// default-constructed SegmentHeader: the FPDU receive path sized the header already and
+// decodes into its event without copying a Result. `bytes` holds at least `header_size`
+// bytes. On failure `out` holds partial fields and is to be discarded.
+Status<WireError> decode_sized_segment_header_into(std::span<const std::uint8_t> bytes, std::size_t header_size,
+                                                   SegmentHeader& out);
 }  // namespace detail
 
 }  // namespace peercm::wire

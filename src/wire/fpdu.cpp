@@ -190,7 +190,7 @@ FpduEvent FpduStreamDecoder::next(std::span<const std::uint8_t> in, std::size_t&
           return event;
         }
         decoded_ = SegmentHeader{};
-        if (auto ok = detail::decode_segment_header_into(bytes.subspan(kUlpduLengthSize), ulpdu_length_, decoded_);
+        if (auto ok = detail::decode_sized_segment_header_into(bytes.subspan(kUlpduLengthSize), header_size_, decoded_);
             !ok) {
           fail_with(event, ok.error());
           return event;
