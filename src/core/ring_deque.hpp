@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <new>
+#include <type_traits>
 #include <utility>
 
 namespace peercm::core {
@@ -52,7 +54,12 @@ class RingDeque {
   T& emplace_back(Args&&... args) {
     if (size_ == capacity_) grow();
     T* slot = slots_ + ((head_ + size_) & (capacity_ - 1));
-    std::construct_at(slot, std::forward<Args>(args)...);
+    // An aggregate is built with braces: clang 14 (the fuzz preset) lacks C++20's
+    // parenthesized aggregate initialization, which construct_at would need.
+    if constexpr (std::is_aggregate_v<T>)
+      ::new (static_cast<void*>(slot)) T{std::forward<Args>(args)...};
+    else
+      std::construct_at(slot, std::forward<Args>(args)...);
     ++size_;
     return *slot;
   }
