@@ -35,6 +35,10 @@ std::size_t QueuePairEngine::handle_bytes(std::span<const std::uint8_t> bytes) {
   std::size_t used = 0;
   while (used < bytes.size() && !rx_dead_ && !cq_overrun_) {
     const auto rest = bytes.subspan(used);
+    if (const std::size_t taken = take_predicted_fpdu(rest)) {
+      used += taken;
+      continue;
+    }
     const bool in_header = !raw_complete_;
     std::size_t consumed = 0;
     const wire::FpduEvent event = decoder_->next(rest, consumed);
@@ -81,6 +85,66 @@ std::size_t QueuePairEngine::handle_bytes(std::span<const std::uint8_t> bytes) {
   stage_unchecked_payload();
   after_input();
   return used;
+}
+
+// Header prediction, as TCP's: while a stream runs, most FPDUs are a whole single-segment
+// Send of the next MSN, or the last segment of a Write, with CRC off. One found whole at the
+// start of `in` is checked and delivered here in one step. Any other FPDU, or one whose
+// fields ask for anything but the plain case, is left to the decoder and the segment life
+// cycle below, which treat it alike and report its errors. Returns the bytes taken (0: none).
+std::size_t QueuePairEngine::take_predicted_fpdu(std::span<const std::uint8_t> in) {
+  if (params_.crc || state_ != QpState::rts || !first_fpdu_seen_ || recv_taken_ || !decoder_->at_fpdu_start() ||
+      in.size() < wire::kUlpduLengthSize + wire::kUntaggedHeaderSize)
+    return 0;
+  const std::uint8_t* fpdu = in.data();
+  const std::size_t ulpdu_length = wire::load_be16(fpdu);  // at most 0xFFFF, the decoder's limit too
+  const std::size_t size = wire::fpdu_wire_size(ulpdu_length);
+  if (size > in.size()) return 0;
+  // RFC 5044 §4.1: PAD is zero; CRC off, the CRC field is not looked at.
+  const std::uint8_t* pad = fpdu + wire::kUlpduLengthSize + ulpdu_length;
+  for (std::size_t i = 0; i < wire::fpdu_padding(ulpdu_length); ++i)
+    if (pad[i] != 0) return 0;
+  const std::uint8_t* header = fpdu + wire::kUlpduLengthSize;
+  const std::uint16_t control = wire::load_be16(header);
+  if (control == wire::segment_control_bytes(RdmapOpcode::send, true)) {
+    // RFC 5041 §5.3 fields: QN 0, the next MSN, MO 0 (a single-segment message).
+    const std::size_t length = ulpdu_length - wire::kUntaggedHeaderSize;
+    if (ulpdu_length < wire::kUntaggedHeaderSize || wire::load_be32(header + 6) != wire::kQueueSend ||
+        wire::load_be32(header + 10) != expected_send_msn_ || wire::load_be32(header + 14) != 0)
+      return 0;
+    const PostedRecv* next = receive_source_->next();
+    if (!next || length > next->capacity) return 0;
+    recv_taken_ = receive_source_->take();
+    rx_.kind = RxKind::send;
+    rx_.recv = &*recv_taken_;
+    rx_.sge_index = 0;
+    rx_.sge_offset = 0;
+    rx_.placed = 0;
+    place(std::span(header + wire::kUntaggedHeaderSize, length));
+    count_valid_segment(length, true);
+    deliver_send(RdmapOpcode::send, 0, length);
+  } else if (control == wire::segment_control_bytes(RdmapOpcode::rdma_write, true)) {
+    // RFC 5041 §7.2 / RFC 5040 §7.2: the sink checks of handle_tagged_segment().
+    if (ulpdu_length < wire::kTaggedHeaderSize) return 0;
+    const std::size_t length = ulpdu_length - wire::kTaggedHeaderSize;
+    const std::uint32_t stag = wire::load_be32(header + 2);
+    const std::uint64_t offset = wire::load_be64(header + 6);
+    if (length > 0 &&
+        memory_.check_remote(stag, config_.pd, offset, length, MemoryTable::Direction::write_sink).has_value())
+      return 0;
+    rx_.kind = RxKind::write;
+    rx_.tagged_target = detail::memory_at(offset);
+    rx_.placed = 0;
+    place(std::span(header + wire::kTaggedHeaderSize, length));
+    count_valid_segment(length, true);
+  } else {
+    return 0;
+  }
+  rx_.kind = RxKind::none;
+  rx_.recv = nullptr;
+  rx_.tagged_target = nullptr;
+  ++stats_.fpdus_predicted;
+  return size;
 }
 
 // The offending segment's headers, kept for the Terminate (RFC 5040 §4.8).
@@ -170,18 +234,14 @@ void QueuePairEngine::on_segment_end() {
       staging_capacity_ = 0;
     }
   }
-  ++stats_.fpdus_received;
-  first_fpdu_seen_ = true;
-  message_largest_segment_ = std::max(message_largest_segment_, rx_.length);
-  if (rx_.header.last) last_message_largest_segment_ = std::exchange(message_largest_segment_, 0);
-  tx_fenced_ = false;  // RFC 5044 §7.1.2 rule 4: a valid FPDU arrived, the responder may send
+  count_valid_segment(rx_.length, rx_.header.last);
   const wire::SegmentHeader& header = rx_.header;
   switch (rx_.kind) {
     case RxKind::read_response:
       if (header.last) complete_read();
       break;
     case RxKind::send:
-      if (header.last) deliver_send();
+      if (header.last) deliver_send(header.opcode, header.invalidate_stag, header.message_offset + rx_.length);
       break;
     case RxKind::rtr_send:
       ++expected_send_msn_;  // the Send RTR used MSN n; no receive consumed, no completion
@@ -206,6 +266,14 @@ void QueuePairEngine::on_segment_end() {
     rx_.recv = nullptr;
     rx_.tagged_target = nullptr;
   }
+}
+
+void QueuePairEngine::count_valid_segment(std::size_t length, bool last) {
+  ++stats_.fpdus_received;
+  first_fpdu_seen_ = true;
+  message_largest_segment_ = std::max(message_largest_segment_, length);
+  if (last) last_message_largest_segment_ = std::exchange(message_largest_segment_, 0);
+  tx_fenced_ = false;  // RFC 5044 §7.1.2 rule 4: a valid FPDU arrived, the responder may send
 }
 
 // Validates a segment before any byte of it is placed and sets up its placement.
@@ -422,24 +490,23 @@ void QueuePairEngine::place(std::span<const std::uint8_t> bytes) {
 
 // RFC 5040 §5.3 / RFC 5041 §5.4: the message is delivered when its L segment arrived;
 // length = MO + payload of that segment. Send with Invalidate invalidates first.
-void QueuePairEngine::deliver_send() {
-  const wire::SegmentHeader& header = rx_.header;
+void QueuePairEngine::deliver_send(RdmapOpcode opcode, std::uint32_t invalidate_stag, std::uint64_t length) {
   const PostedRecv& recv = *recv_taken_;
   WorkCompletion wc;
   wc.wr_id = recv.wr.wr_id;
   wc.status = WcStatus::success;
   wc.opcode = WcOpcode::recv;
-  wc.byte_len = static_cast<std::uint32_t>(header.message_offset + rx_.length);
+  wc.byte_len = static_cast<std::uint32_t>(length);
   wc.qp_num = config_.qp_num;
-  if (wire::carries_invalidate(header.opcode)) {
-    if (auto error = memory_.invalidate(header.invalidate_stag, config_.pd)) {
+  if (wire::carries_invalidate(opcode)) {
+    if (auto error = memory_.invalidate(invalidate_stag, config_.pd)) {
       terminate_inbound(*error);  // 0x0/0x1/0x09 STag cannot be invalidated
       return;
     }
     wc.wc_flags |= kWcWithInvalidate;
-    wc.invalidated_rkey = header.invalidate_stag;
+    wc.invalidated_rkey = invalidate_stag;
   }
-  const bool solicited = wire::is_solicited(header.opcode);
+  const bool solicited = wire::is_solicited(opcode);
   if (solicited) wc.wc_flags |= kWcSolicited;
   recv_taken_.reset();
   rx_.recv = nullptr;

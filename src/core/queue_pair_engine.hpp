@@ -69,6 +69,7 @@ struct QpEvent {
 struct QpStats {
   std::uint64_t fpdus_sent = 0;
   std::uint64_t fpdus_received = 0;
+  std::uint64_t fpdus_predicted = 0;  // of those, taken by header prediction (take_predicted_fpdu)
   std::uint64_t bytes_placed = 0;
 };
 
@@ -258,10 +259,12 @@ class QueuePairEngine {
   bool handle_read_response_segment(const wire::SegmentHeader& header, std::size_t payload_length);
   bool handle_send_segment(const wire::SegmentHeader& header, std::size_t payload_length);
   bool handle_read_request(const wire::SegmentHeader& header);
+  std::size_t take_predicted_fpdu(std::span<const std::uint8_t> in);
+  void count_valid_segment(std::size_t length, bool last);
   void place(std::span<const std::uint8_t> bytes);
   std::span<std::uint8_t> send_run();
   void advance_send_cursor(std::size_t n);
-  void deliver_send();
+  void deliver_send(wire::RdmapOpcode opcode, std::uint32_t invalidate_stag, std::uint64_t length);
   void complete_read();
   void handle_terminate(const wire::SegmentHeader& header);
   void capture_raw(std::span<const std::uint8_t> bytes);

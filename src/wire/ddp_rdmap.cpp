@@ -102,8 +102,7 @@ Result<std::size_t, WireError> encode_segment_header(const SegmentHeader& h, std
     return fail(WireError::rdmap_bad_terminate);
   std::uint8_t* p = out.data();
   const bool tagged = is_tagged(h.opcode);
-  p[0] = static_cast<std::uint8_t>((tagged ? kDdpTagged : 0) | (h.last ? kDdpLast : 0) | kDdpVersion);
-  p[1] = static_cast<std::uint8_t>(kRdmapVersion | static_cast<std::uint8_t>(h.opcode));
+  store_be16(p, segment_control_bytes(h.opcode, h.last));
   if (tagged) {
     store_be32(p + 2, h.stag);
     store_be64(p + 6, h.tagged_offset);

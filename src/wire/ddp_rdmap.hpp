@@ -53,6 +53,14 @@ constexpr bool is_solicited(RdmapOpcode op) {
 // The queue an untagged opcode travels on (RFC 5040 §5.1).
 std::uint32_t queue_number_for(RdmapOpcode op);
 
+// The first two bytes of a segment header: DDP control (RFC 5041 §5.1: T, L, DV = 1) and
+// RDMAP control (RFC 5040 §4.2: RV = 1, opcode), reserved bits zero, as a big-endian pair.
+constexpr std::uint16_t segment_control_bytes(RdmapOpcode opcode, bool last) {
+  const unsigned ddp = (is_tagged(opcode) ? 0x80u : 0u) | (last ? 0x40u : 0u) | 0x01u;
+  const unsigned rdmap = 0x40u | static_cast<unsigned>(opcode);
+  return static_cast<std::uint16_t>(ddp << 8 | rdmap);
+}
+
 struct ReadRequestHeader {
   std::uint32_t sink_stag = 0;
   std::uint64_t sink_offset = 0;

@@ -93,6 +93,8 @@ class FpduStreamDecoder {
   FpduEvent next(std::span<const std::uint8_t> in, std::size_t& consumed);
 
   bool in_payload() const { return phase_ == Phase::payload; }
+  // No byte of the next FPDU has been consumed yet.
+  bool at_fpdu_start() const { return phase_ == Phase::length && header_filled_ == 0; }
   std::size_t payload_remaining() const { return phase_ == Phase::payload ? payload_left_ : 0; }
   // Reports payload bytes the caller received directly (zero-copy path).
   void payload_placed(std::span<const std::uint8_t> bytes);

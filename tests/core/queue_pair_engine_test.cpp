@@ -1588,6 +1588,242 @@ TEST(QueuePairEngineDirect, CqOverrunOnItsCompletionTerminates) {
   EXPECT_EQ(a.scq.wcs.size(), 1u);
 }
 
+// ---------------------------------------------------------------- header prediction
+
+// One run of a scenario in which every byte of each direction is handed to the receiving
+// engine in chunks of `chunk` bytes (0: all that is pending at once, so whole FPDUs meet
+// header prediction; 1: never a whole FPDU, so the decoder sees every one). Everything the
+// application can observe is recorded for comparison.
+struct Observed {
+  std::vector<WorkCompletion> a_send, a_recv, b_send, b_recv;
+  Bytes b_memory, a_memory;
+  std::uint64_t b_received = 0, b_placed = 0, b_predicted = 0;
+  std::vector<QpEvent::Kind> a_events, b_events;
+  std::optional<wire::TerminateHeader> b_terminate;
+  QpState a_state = QpState::init, b_state = QpState::init;
+};
+
+std::size_t feed(Link& link, QueuePairEngine& to, std::size_t chunk) {
+  std::size_t fed = 0;
+  Bytes scratch;
+  while (link.read < link.pending.size()) {
+    const std::size_t n = chunk == 0 ? link.pending.size() - link.read : std::min(chunk, link.pending.size() - link.read);
+    scratch.assign(link.pending.begin() + static_cast<std::ptrdiff_t>(link.read),
+                   link.pending.begin() + static_cast<std::ptrdiff_t>(link.read + n));
+    const std::size_t used = to.handle_bytes(scratch);
+    fed += n;
+    if (used < n) {
+      link.read = link.pending.size();
+      break;
+    }
+    link.read += n;
+  }
+  link.pending.clear();
+  link.read = 0;
+  return fed;
+}
+
+// `mutate` may change the bytes `a` sends (stream offset, bytes); `b` posts `b_receives`
+// receives of `receive_size` bytes (nine: one per Send).
+using Mutation = std::function<void(std::size_t stream_offset, std::uint8_t* data, std::size_t n)>;
+
+Observed run_prediction_scenario(std::size_t chunk, const Mutation& mutate, int b_receives = 9,
+                                 std::size_t receive_size = 4096) {
+  Peer a(1), b(2);
+  Mr src = a.reg(16384);
+  Mr sink = a.reg(4096, kAccessLocalWrite | kAccessRemoteWrite);
+  Mr rq = b.reg(9 * 4096);
+  Mr dst = b.reg(16384);
+  Mr exposed = b.reg(256);
+  fill_pattern(src.bytes(), 77);
+  fill_pattern(exposed.bytes(), 78);
+  for (std::size_t i = 0; i < static_cast<std::size_t>(b_receives); ++i)
+    EXPECT_TRUE(b.recv(100 + i, split(rq, 4096 * i, receive_size, {i * 3, 5})));
+  a.qp.connect(initiator_params(false));
+  b.qp.connect(responder_params(false));
+  // Plain Sends and Writes (predictable), and between them what prediction leaves to the
+  // decoder: a solicited Send, a Send with Invalidate, multi-segment messages, a Read.
+  std::uint64_t id = 1;
+  for (std::size_t size : {std::size_t{8}, std::size_t{1}, std::size_t{0}, std::size_t{1436}, std::size_t{100}})
+    EXPECT_TRUE(a.send(id++, WrOpcode::send, {src.sge(0, size)}, kSendSignaled));
+  EXPECT_TRUE(a.send(id++, WrOpcode::send, {src.sge(3, 40)}, kSendSignaled | kSendSolicited));
+  EXPECT_TRUE(a.send(id++, WrOpcode::rdma_write, {src.sge(0, 8)}, kSendSignaled, dst.addr, dst.stag));
+  EXPECT_TRUE(a.send(id++, WrOpcode::rdma_write, {src.sge(9, 1440)}, kSendSignaled, dst.addr + 100, dst.stag));
+  EXPECT_TRUE(a.send(id++, WrOpcode::rdma_write, {src.sge(0, 0)}, kSendSignaled, dst.addr, dst.stag));
+  EXPECT_TRUE(a.send(id++, WrOpcode::rdma_write, {src.sge(1, 5000)}, kSendSignaled, dst.addr + 2000, dst.stag));
+  EXPECT_TRUE(a.send(id++, WrOpcode::send, {src.sge(7, 3000)}, kSendSignaled));
+  EXPECT_TRUE(a.send(id++, WrOpcode::rdma_read, {sink.sge(0, 200)}, kSendSignaled, exposed.addr, exposed.stag));
+  EXPECT_TRUE(a.send(id++, WrOpcode::send, {src.sge(2, 64)}, kSendSignaled));
+  EXPECT_TRUE(a.send(id++, WrOpcode::rdma_write, {src.sge(5, 64)}, kSendSignaled, dst.addr + 9000, dst.stag));
+  EXPECT_TRUE(a.send(id++, WrOpcode::send, {src.sge(0, 12)}, kSendSignaled));
+
+  Pump pump(a, b, 1);
+  std::size_t a_offset = 0;
+  for (int round = 0; round < 1000; ++round) {
+    const std::size_t before = pump.ab.pending.size();
+    pump.move(a.qp, pump.ab, std::numeric_limits<std::size_t>::max());
+    if (mutate && pump.ab.pending.size() > before)
+      mutate(a_offset, pump.ab.pending.data() + before, pump.ab.pending.size() - before);
+    a_offset += pump.ab.pending.size() - before;
+    bool moved = feed(pump.ab, b.qp, chunk) > 0;
+    moved = pump.move(b.qp, pump.ba, std::numeric_limits<std::size_t>::max()) || moved;
+    moved = feed(pump.ba, a.qp, chunk) > 0 || moved;
+    if (!moved && !a.qp.has_transmit()) break;
+  }
+  Observed o;
+  o.a_send = a.scq.wcs;
+  o.a_recv = a.rcq.wcs;
+  o.b_send = b.scq.wcs;
+  o.b_recv = b.rcq.wcs;
+  o.b_memory.assign(rq.data, rq.data + rq.length);
+  o.b_memory.insert(o.b_memory.end(), dst.data, dst.data + dst.length);
+  o.a_memory.assign(sink.data, sink.data + sink.length);
+  o.b_received = b.qp.stats().fpdus_received;
+  o.b_placed = b.qp.stats().bytes_placed;
+  o.b_predicted = b.qp.stats().fpdus_predicted;
+  for (const auto& e : a.events()) o.a_events.push_back(e.kind);
+  for (const auto& e : b.events()) o.b_events.push_back(e.kind);
+  o.b_terminate = find_terminate(pump.ba.tap, false);
+  o.a_state = a.qp.state();
+  o.b_state = b.qp.state();
+  return o;
+}
+
+void expect_same_completions(const std::vector<WorkCompletion>& x, const std::vector<WorkCompletion>& y) {
+  ASSERT_EQ(x.size(), y.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(x[i].wr_id, y[i].wr_id);
+    EXPECT_EQ(x[i].status, y[i].status);
+    EXPECT_EQ(x[i].opcode, y[i].opcode);
+    EXPECT_EQ(x[i].byte_len, y[i].byte_len);
+    EXPECT_EQ(x[i].wc_flags, y[i].wc_flags);
+    EXPECT_EQ(x[i].qp_num, y[i].qp_num);
+  }
+}
+
+// Whole (predicted) and byte by byte (decoded): the same outcome in every observable.
+void expect_prediction_changes_nothing(const Mutation& mutate, int b_receives = 9, std::size_t receive_size = 4096) {
+  const Observed whole = run_prediction_scenario(0, mutate, b_receives, receive_size);
+  const Observed bytewise = run_prediction_scenario(1, mutate, b_receives, receive_size);
+  EXPECT_EQ(bytewise.b_predicted, 0u);
+  expect_same_completions(whole.a_send, bytewise.a_send);
+  expect_same_completions(whole.a_recv, bytewise.a_recv);
+  expect_same_completions(whole.b_send, bytewise.b_send);
+  expect_same_completions(whole.b_recv, bytewise.b_recv);
+  EXPECT_TRUE(whole.b_memory == bytewise.b_memory);
+  EXPECT_TRUE(whole.a_memory == bytewise.a_memory);
+  EXPECT_EQ(whole.b_received, bytewise.b_received);
+  EXPECT_EQ(whole.b_placed, bytewise.b_placed);
+  EXPECT_EQ(whole.a_events, bytewise.a_events);
+  EXPECT_EQ(whole.b_events, bytewise.b_events);
+  EXPECT_EQ(whole.a_state, bytewise.a_state);
+  EXPECT_EQ(whole.b_state, bytewise.b_state);
+  ASSERT_EQ(whole.b_terminate.has_value(), bytewise.b_terminate.has_value());
+  if (whole.b_terminate) {
+    EXPECT_EQ(whole.b_terminate->code, bytewise.b_terminate->code);
+  }
+}
+
+TEST(QueuePairEngineHeaderPrediction, TakesTheCommonFpdusAndChangesNothing) {
+  const Observed whole = run_prediction_scenario(0, nullptr);
+  // Seven plain Sends and five last Write segments (the 5000-byte Write's among them), but
+  // not the first FPDU: the responder checks that one for the RTR on the decoded path.
+  EXPECT_EQ(whole.b_predicted, 11u);
+  EXPECT_EQ(whole.b_state, QpState::rts);
+  EXPECT_EQ(whole.a_state, QpState::rts);
+  EXPECT_EQ(whole.a_send.size(), 15u);
+  for (const auto& wc : whole.a_send) EXPECT_EQ(wc.status, WcStatus::success);
+  ASSERT_EQ(whole.b_recv.size(), 9u);
+  for (const auto& wc : whole.b_recv) EXPECT_EQ(wc.status, WcStatus::success);
+  expect_prediction_changes_nothing(nullptr);
+}
+
+// The byte at `at` of the stream a sends (counted from its first byte) set to `value`.
+Mutation set_stream_byte(std::size_t at, std::uint8_t value) {
+  return [at, value](std::size_t offset, std::uint8_t* data, std::size_t n) {
+    if (at >= offset && at < offset + n) data[at - offset] = value;
+  };
+}
+
+// The stream `a` sends starts with Sends of 8, 1, 0, 1436 and 100 bytes, a solicited Send
+// of 40 and a Write of 8: FPDUs of 32, 28, 24, 1460, 124, 64 and 28 bytes. The first is never
+// predicted (the responder's RTR check), so the field cases change the second, the 1-byte
+// Send at byte 32: ULPDU_Length 32-33, DDP control 34, RDMAP control 35, QN 40-43, MSN 44-47
+// (2), MO 48-51, payload 52, PAD 53-55. The Write is at byte 1732: STag 1736-1739, TO
+// 1740-1747.
+constexpr std::size_t kSecondFpdu = 32;
+constexpr std::size_t kFirstWrite = 1732;
+
+TEST(QueuePairEngineHeaderPrediction, FpdusOutsideThePredictionMeetTheSameChecks) {
+  struct Case {
+    const char* what;
+    Mutation mutate;
+  };
+  const Case cases[] = {
+      {"MSN one ahead", set_stream_byte(kSecondFpdu + 15, 3)},
+      {"MSN behind", set_stream_byte(kSecondFpdu + 15, 1)},
+      {"QN 1", set_stream_byte(kSecondFpdu + 11, 1)},
+      {"MO 4 (the last segment of a longer message)", set_stream_byte(kSecondFpdu + 19, 4)},
+      {"PAD not zero", set_stream_byte(kSecondFpdu + 22, 1)},
+      {"DDP reserved bit", set_stream_byte(kSecondFpdu + 2, 0x45)},
+      {"RDMAP reserved bit", set_stream_byte(kSecondFpdu + 3, 0x53)},
+      {"not the last segment", set_stream_byte(kSecondFpdu + 2, 0x01)},
+      {"solicited", set_stream_byte(kSecondFpdu + 3, 0x45)},
+      {"ULPDU_Length shorter than a tagged header", set_stream_byte(kSecondFpdu + 1, 10)},
+      {"the first FPDU's MSN one ahead", set_stream_byte(15, 2)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    expect_prediction_changes_nothing(c.mutate);
+  }
+}
+
+TEST(QueuePairEngineHeaderPrediction, SinkErrorsAreFoundAlike) {
+  {
+    SCOPED_TRACE("no receive posted");
+    expect_prediction_changes_nothing(nullptr, 0);
+  }
+  {
+    SCOPED_TRACE("fewer receives than Sends");
+    expect_prediction_changes_nothing(nullptr, 3);
+  }
+  {
+    SCOPED_TRACE("a Send longer than its receive");
+    expect_prediction_changes_nothing(nullptr, 9, 64);
+  }
+  {
+    SCOPED_TRACE("Write to an unknown STag");
+    expect_prediction_changes_nothing(set_stream_byte(kFirstWrite + 7, 0xEE));
+  }
+  {
+    SCOPED_TRACE("Write past its region");
+    expect_prediction_changes_nothing(set_stream_byte(kFirstWrite + 10, 0x7F));
+  }
+}
+
+// Each case above must reach the peer as a Terminate or a different delivery, or it tests
+// nothing: the mutated runs differ from the clean one.
+TEST(QueuePairEngineHeaderPrediction, TheMutationsChangeTheOutcome) {
+  const Observed clean = run_prediction_scenario(0, nullptr);
+  for (const auto& [what, mutate] : std::initializer_list<std::pair<const char*, Mutation>>{
+           {"MSN one ahead", set_stream_byte(kSecondFpdu + 15, 3)},
+           {"QN 1", set_stream_byte(kSecondFpdu + 11, 1)},
+           {"PAD not zero", set_stream_byte(kSecondFpdu + 22, 1)},
+           {"ULPDU_Length short", set_stream_byte(kSecondFpdu + 1, 10)},
+           {"Write to an unknown STag", set_stream_byte(kFirstWrite + 7, 0xEE)},
+           {"Write past its region", set_stream_byte(kFirstWrite + 10, 0x7F)}}) {
+    SCOPED_TRACE(what);
+    const Observed broken = run_prediction_scenario(0, mutate);
+    EXPECT_EQ(broken.b_state, QpState::error);
+    EXPECT_TRUE(broken.b_terminate.has_value() || broken.b_events != clean.b_events);
+  }
+  const Observed mo = run_prediction_scenario(0, set_stream_byte(kSecondFpdu + 19, 4));
+  ASSERT_GE(mo.b_recv.size(), 2u);
+  EXPECT_EQ(mo.b_recv[1].byte_len, 5u);  // MO 4 + 1 byte: delivered by the decoded path
+  EXPECT_EQ(run_prediction_scenario(0, nullptr, 9, 64).b_state, QpState::error);
+}
+
 // ---------------------------------------------------------------- shared receive queue
 
 // Two connections (a1 -> b1, a2 -> b2) whose receivers take their receives from one SRQ of
