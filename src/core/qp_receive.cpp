@@ -88,30 +88,32 @@ std::size_t QueuePairEngine::handle_bytes(std::span<const std::uint8_t> bytes) {
 }
 
 // Header prediction, as TCP's: while a stream runs, most FPDUs are a whole single-segment
-// Send of the next MSN, or the last segment of a Write, with CRC off. One found whole at the
-// start of `in` is checked and delivered here in one step. Any other FPDU, or one whose
-// fields ask for anything but the plain case, is left to the decoder and the segment life
-// cycle below, which treat it alike and report its errors. Returns the bytes taken (0: none).
+// Send of the next MSN, or the last segment of a Write. One found whole at the start of `in`,
+// its PAD and CRC right, is checked and delivered here in one step. Any other FPDU, or one
+// whose fields ask for anything but the plain case, is left to the decoder and the segment
+// life cycle below, which treat it alike and report its errors. Returns the bytes taken.
 std::size_t QueuePairEngine::take_predicted_fpdu(std::span<const std::uint8_t> in) {
-  if (params_.crc || state_ != QpState::rts || !first_fpdu_seen_ || recv_taken_ || !decoder_->at_fpdu_start() ||
+  if (state_ != QpState::rts || !first_fpdu_seen_ || recv_taken_ || !decoder_->at_fpdu_start() ||
       in.size() < wire::kUlpduLengthSize + wire::kUntaggedHeaderSize)
     return 0;
   const std::uint8_t* fpdu = in.data();
   const std::size_t ulpdu_length = wire::load_be16(fpdu);  // at most 0xFFFF, the decoder's limit too
   const std::size_t size = wire::fpdu_wire_size(ulpdu_length);
   if (size > in.size()) return 0;
-  // RFC 5044 §4.1: PAD is zero; CRC off, the CRC field is not looked at.
-  const std::uint8_t* pad = fpdu + wire::kUlpduLengthSize + ulpdu_length;
-  for (std::size_t i = 0; i < wire::fpdu_padding(ulpdu_length); ++i)
-    if (pad[i] != 0) return 0;
   const std::uint8_t* header = fpdu + wire::kUlpduLengthSize;
   const std::uint16_t control = wire::load_be16(header);
+  if (control != wire::segment_control_bytes(RdmapOpcode::send, true) &&
+      control != wire::segment_control_bytes(RdmapOpcode::rdma_write, true))
+    return 0;
+  // Checked before any field is trusted: RFC 5044 §7.2 places nothing of an FPDU whose CRC
+  // fails (the decoded path then reports it).
+  if (!wire::fpdu_trailer_valid(in.first(size), ulpdu_length, params_.crc)) return 0;
   if (control == wire::segment_control_bytes(RdmapOpcode::send, true)) {
     // RFC 5041 §5.3 fields: QN 0, the next MSN, MO 0 (a single-segment message).
-    const std::size_t length = ulpdu_length - wire::kUntaggedHeaderSize;
     if (ulpdu_length < wire::kUntaggedHeaderSize || wire::load_be32(header + 6) != wire::kQueueSend ||
         wire::load_be32(header + 10) != expected_send_msn_ || wire::load_be32(header + 14) != 0)
       return 0;
+    const std::size_t length = ulpdu_length - wire::kUntaggedHeaderSize;
     const PostedRecv* next = receive_source_->next();
     if (!next || length > next->capacity) return 0;
     recv_taken_ = receive_source_->take();
@@ -137,8 +139,6 @@ std::size_t QueuePairEngine::take_predicted_fpdu(std::span<const std::uint8_t> i
     rx_.placed = 0;
     place(std::span(header + wire::kTaggedHeaderSize, length));
     count_valid_segment(length, true);
-  } else {
-    return 0;
   }
   rx_.kind = RxKind::none;
   rx_.recv = nullptr;

@@ -117,15 +117,17 @@ void FpduStreamDecoder::finish_trailer(FpduEvent& event) {
   event.kind = FpduEvent::Kind::end;
 }
 
+bool fpdu_trailer_valid(std::span<const std::uint8_t> fpdu, std::size_t ulpdu_length, bool check_crc) {
+  const std::size_t padding = fpdu_padding(ulpdu_length);
+  const std::size_t crc_at = kUlpduLengthSize + ulpdu_length + padding;
+  if (!padding_is_zero(fpdu.data() + crc_at - padding, padding)) return false;
+  return !check_crc || load_crc_field(fpdu.data() + crc_at) == crc32c(fpdu.first(crc_at));
+}
+
 bool FpduStreamDecoder::whole_fpdu_in(std::span<const std::uint8_t> in, std::size_t at,
                                       const std::uint8_t* fpdu) const {
   if (in.size() - at < payload_left_ + trailer_size_) return false;
-  const std::uint8_t* trailer = in.data() + at + payload_left_;
-  const std::size_t padding = trailer_size_ - kFpduCrcSize;
-  if (!padding_is_zero(trailer, padding)) return false;
-  if (!check_crc_) return true;
-  const std::uint8_t* crc_field = trailer + padding;
-  return load_crc_field(crc_field) == crc32c(std::span(fpdu, static_cast<std::size_t>(crc_field - fpdu)));
+  return fpdu_trailer_valid(std::span(fpdu, fpdu_wire_size(ulpdu_length_)), ulpdu_length_, check_crc_);
 }
 
 // Every path returns the one `event`, built in the caller's storage (NRVO).

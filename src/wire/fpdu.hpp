@@ -29,6 +29,11 @@ constexpr std::size_t fpdu_wire_size(std::size_t ulpdu_length) {
 // RFC 5044 §4.5 without markers: MULPDU = EMSS - (6 + EMSS mod 4), within [128, 64768].
 std::size_t mulpdu_for_emss(std::size_t emss);
 
+// The trailer of a whole FPDU (`fpdu`: ULPDU_Length through the CRC field, fpdu_wire_size()
+// bytes of a ULPDU of `ulpdu_length`): its PAD is zero (RFC 5044 §4.1) and, when `check_crc`,
+// its CRC field matches the bytes before it (§4.4).
+bool fpdu_trailer_valid(std::span<const std::uint8_t> fpdu, std::size_t ulpdu_length, bool check_crc);
+
 // Builds the bytes around a payload that is sent from where it lies: the prefix
 // (ULPDU_Length and the segment header) and the trailer (pad and CRC).
 class FpduFramer {

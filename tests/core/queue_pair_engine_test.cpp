@@ -19,6 +19,8 @@
 #include <span>
 #include <vector>
 
+#include "wire/byte_io.hpp"
+#include "wire/crc32c.hpp"
 #include "wire/fpdu.hpp"
 
 namespace peercm::core {
@@ -1627,8 +1629,21 @@ std::size_t feed(Link& link, QueuePairEngine& to, std::size_t chunk) {
 // receives of `receive_size` bytes (nine: one per Send).
 using Mutation = std::function<void(std::size_t stream_offset, std::uint8_t* data, std::size_t n)>;
 
-Observed run_prediction_scenario(std::size_t chunk, const Mutation& mutate, int b_receives = 9,
-                                 std::size_t receive_size = 4096) {
+// With CRC on, the CRC of every FPDU in `data` is computed again after a mutation, so that
+// the changed fields, not the CRC, decide; the walk follows the (possibly changed) lengths.
+void refresh_crcs(std::uint8_t* data, std::size_t n) {
+  std::size_t at = 0;
+  while (at + wire::kUlpduLengthSize <= n) {
+    const std::size_t size = wire::fpdu_wire_size(wire::load_be16(data + at));
+    if (at + size > n) return;
+    const std::uint32_t crc = wire::crc32c(std::span<const std::uint8_t>(data + at, size - wire::kFpduCrcSize));
+    for (std::size_t i = 0; i < 4; ++i) data[at + size - 4 + i] = static_cast<std::uint8_t>(crc >> (8 * i));
+    at += size;
+  }
+}
+
+Observed run_prediction_scenario(bool crc, std::size_t chunk, const Mutation& mutate, int b_receives = 9,
+                                 std::size_t receive_size = 4096, bool mutation_breaks_crc = false) {
   Peer a(1), b(2);
   Mr src = a.reg(16384);
   Mr sink = a.reg(4096, kAccessLocalWrite | kAccessRemoteWrite);
@@ -1639,8 +1654,8 @@ Observed run_prediction_scenario(std::size_t chunk, const Mutation& mutate, int 
   fill_pattern(exposed.bytes(), 78);
   for (std::size_t i = 0; i < static_cast<std::size_t>(b_receives); ++i)
     EXPECT_TRUE(b.recv(100 + i, split(rq, 4096 * i, receive_size, {i * 3, 5})));
-  a.qp.connect(initiator_params(false));
-  b.qp.connect(responder_params(false));
+  a.qp.connect(initiator_params(crc));
+  b.qp.connect(responder_params(crc));
   // Plain Sends and Writes (predictable), and between them what prediction leaves to the
   // decoder: a solicited Send, a Send with Invalidate, multi-segment messages, a Read.
   std::uint64_t id = 1;
@@ -1662,8 +1677,10 @@ Observed run_prediction_scenario(std::size_t chunk, const Mutation& mutate, int 
   for (int round = 0; round < 1000; ++round) {
     const std::size_t before = pump.ab.pending.size();
     pump.move(a.qp, pump.ab, std::numeric_limits<std::size_t>::max());
-    if (mutate && pump.ab.pending.size() > before)
+    if (mutate && pump.ab.pending.size() > before) {
       mutate(a_offset, pump.ab.pending.data() + before, pump.ab.pending.size() - before);
+      if (crc && a_offset == 0 && !mutation_breaks_crc) refresh_crcs(pump.ab.pending.data(), pump.ab.pending.size());
+    }
     a_offset += pump.ab.pending.size() - before;
     bool moved = feed(pump.ab, b.qp, chunk) > 0;
     moved = pump.move(b.qp, pump.ba, std::numeric_limits<std::size_t>::max()) || moved;
@@ -1683,7 +1700,7 @@ Observed run_prediction_scenario(std::size_t chunk, const Mutation& mutate, int 
   o.b_predicted = b.qp.stats().fpdus_predicted;
   for (const auto& e : a.events()) o.a_events.push_back(e.kind);
   for (const auto& e : b.events()) o.b_events.push_back(e.kind);
-  o.b_terminate = find_terminate(pump.ba.tap, false);
+  o.b_terminate = find_terminate(pump.ba.tap, crc);
   o.a_state = a.qp.state();
   o.b_state = b.qp.state();
   return o;
@@ -1703,9 +1720,9 @@ void expect_same_completions(const std::vector<WorkCompletion>& x, const std::ve
 }
 
 // Whole (predicted) and byte by byte (decoded): the same outcome in every observable.
-void expect_prediction_changes_nothing(const Mutation& mutate, int b_receives = 9, std::size_t receive_size = 4096) {
-  const Observed whole = run_prediction_scenario(0, mutate, b_receives, receive_size);
-  const Observed bytewise = run_prediction_scenario(1, mutate, b_receives, receive_size);
+void expect_prediction_changes_nothing(bool crc, const Mutation& mutate, int b_receives, std::size_t receive_size) {
+  const Observed whole = run_prediction_scenario(crc, 0, mutate, b_receives, receive_size);
+  const Observed bytewise = run_prediction_scenario(crc, 1, mutate, b_receives, receive_size);
   EXPECT_EQ(bytewise.b_predicted, 0u);
   expect_same_completions(whole.a_send, bytewise.a_send);
   expect_same_completions(whole.a_recv, bytewise.a_recv);
@@ -1725,17 +1742,28 @@ void expect_prediction_changes_nothing(const Mutation& mutate, int b_receives = 
   }
 }
 
+// ... with CRC off and on.
+void expect_prediction_changes_nothing(const Mutation& mutate, int b_receives = 9, std::size_t receive_size = 4096) {
+  for (const bool crc : {false, true}) {
+    SCOPED_TRACE(crc ? "CRC on" : "CRC off");
+    expect_prediction_changes_nothing(crc, mutate, b_receives, receive_size);
+  }
+}
+
 TEST(QueuePairEngineHeaderPrediction, TakesTheCommonFpdusAndChangesNothing) {
-  const Observed whole = run_prediction_scenario(0, nullptr);
-  // Seven plain Sends and five last Write segments (the 5000-byte Write's among them), but
-  // not the first FPDU: the responder checks that one for the RTR on the decoded path.
-  EXPECT_EQ(whole.b_predicted, 11u);
-  EXPECT_EQ(whole.b_state, QpState::rts);
-  EXPECT_EQ(whole.a_state, QpState::rts);
-  EXPECT_EQ(whole.a_send.size(), 15u);
-  for (const auto& wc : whole.a_send) EXPECT_EQ(wc.status, WcStatus::success);
-  ASSERT_EQ(whole.b_recv.size(), 9u);
-  for (const auto& wc : whole.b_recv) EXPECT_EQ(wc.status, WcStatus::success);
+  for (const bool crc : {false, true}) {
+    SCOPED_TRACE(crc ? "CRC on" : "CRC off");
+    const Observed whole = run_prediction_scenario(crc, 0, nullptr);
+    // Seven plain Sends and five last Write segments (the 5000-byte Write's among them), but
+    // not the first FPDU: the responder checks that one for the RTR on the decoded path.
+    EXPECT_EQ(whole.b_predicted, 11u);
+    EXPECT_EQ(whole.b_state, QpState::rts);
+    EXPECT_EQ(whole.a_state, QpState::rts);
+    EXPECT_EQ(whole.a_send.size(), 15u);
+    for (const auto& wc : whole.a_send) EXPECT_EQ(wc.status, WcStatus::success);
+    ASSERT_EQ(whole.b_recv.size(), 9u);
+    for (const auto& wc : whole.b_recv) EXPECT_EQ(wc.status, WcStatus::success);
+  }
   expect_prediction_changes_nothing(nullptr);
 }
 
@@ -1805,23 +1833,40 @@ TEST(QueuePairEngineHeaderPrediction, SinkErrorsAreFoundAlike) {
 // Each case above must reach the peer as a Terminate or a different delivery, or it tests
 // nothing: the mutated runs differ from the clean one.
 TEST(QueuePairEngineHeaderPrediction, TheMutationsChangeTheOutcome) {
-  const Observed clean = run_prediction_scenario(0, nullptr);
-  for (const auto& [what, mutate] : std::initializer_list<std::pair<const char*, Mutation>>{
-           {"MSN one ahead", set_stream_byte(kSecondFpdu + 15, 3)},
-           {"QN 1", set_stream_byte(kSecondFpdu + 11, 1)},
-           {"PAD not zero", set_stream_byte(kSecondFpdu + 22, 1)},
-           {"ULPDU_Length short", set_stream_byte(kSecondFpdu + 1, 10)},
-           {"Write to an unknown STag", set_stream_byte(kFirstWrite + 7, 0xEE)},
-           {"Write past its region", set_stream_byte(kFirstWrite + 10, 0x7F)}}) {
-    SCOPED_TRACE(what);
-    const Observed broken = run_prediction_scenario(0, mutate);
-    EXPECT_EQ(broken.b_state, QpState::error);
-    EXPECT_TRUE(broken.b_terminate.has_value() || broken.b_events != clean.b_events);
+  for (const bool crc : {false, true}) {
+    SCOPED_TRACE(crc ? "CRC on" : "CRC off");
+    const Observed clean = run_prediction_scenario(crc, 0, nullptr);
+    for (const auto& [what, mutate] : std::initializer_list<std::pair<const char*, Mutation>>{
+             {"MSN one ahead", set_stream_byte(kSecondFpdu + 15, 3)},
+             {"QN 1", set_stream_byte(kSecondFpdu + 11, 1)},
+             {"PAD not zero", set_stream_byte(kSecondFpdu + 22, 1)},
+             {"ULPDU_Length short", set_stream_byte(kSecondFpdu + 1, 10)},
+             {"Write to an unknown STag", set_stream_byte(kFirstWrite + 7, 0xEE)},
+             {"Write past its region", set_stream_byte(kFirstWrite + 10, 0x7F)}}) {
+      SCOPED_TRACE(what);
+      const Observed broken = run_prediction_scenario(crc, 0, mutate);
+      EXPECT_EQ(broken.b_state, QpState::error);
+      EXPECT_TRUE(broken.b_terminate.has_value() || broken.b_events != clean.b_events);
+    }
+    const Observed mo = run_prediction_scenario(crc, 0, set_stream_byte(kSecondFpdu + 19, 4));
+    ASSERT_GE(mo.b_recv.size(), 2u);
+    EXPECT_EQ(mo.b_recv[1].byte_len, 5u);  // MO 4 + 1 byte: delivered by the decoded path
+    EXPECT_EQ(run_prediction_scenario(crc, 0, nullptr, 9, 64).b_state, QpState::error);
   }
-  const Observed mo = run_prediction_scenario(0, set_stream_byte(kSecondFpdu + 19, 4));
-  ASSERT_GE(mo.b_recv.size(), 2u);
-  EXPECT_EQ(mo.b_recv[1].byte_len, 5u);  // MO 4 + 1 byte: delivered by the decoded path
-  EXPECT_EQ(run_prediction_scenario(0, nullptr, 9, 64).b_state, QpState::error);
+  // With CRC on, a payload byte changed without a new CRC: nothing of that FPDU is placed,
+  // on either path.
+  const Mutation flip_payload_bit = [](std::size_t offset, std::uint8_t* data, std::size_t n) {
+    if (offset == 0 && n > kSecondFpdu + 20) data[kSecondFpdu + 20] ^= 0x01;
+  };
+  for (const std::size_t chunk : {std::size_t{0}, std::size_t{1}}) {
+    const Observed corrupt = run_prediction_scenario(true, chunk, flip_payload_bit, 9, 4096, true);
+    EXPECT_EQ(corrupt.b_state, QpState::error);
+    EXPECT_EQ(corrupt.b_predicted, 0u);
+    ASSERT_FALSE(corrupt.b_recv.empty());
+    EXPECT_EQ(corrupt.b_recv[0].status, WcStatus::success);
+    for (std::size_t i = 1; i < corrupt.b_recv.size(); ++i) EXPECT_EQ(corrupt.b_recv[i].status, WcStatus::wr_flush_error);
+    ASSERT_TRUE(corrupt.b_terminate.has_value());
+  }
 }
 
 // ---------------------------------------------------------------- shared receive queue
