@@ -79,6 +79,19 @@ bool has_pattern(std::span<const std::uint8_t> bytes, std::uint64_t seed) {
   return std::memcmp(expected.data(), bytes.data(), bytes.size()) == 0;
 }
 
+SendWr make_wr(std::uint64_t id, WrOpcode op, std::vector<Sge> sges, std::uint32_t flags = 0,
+               std::uint64_t remote_addr = 0, std::uint32_t rkey = 0, std::uint32_t inv = 0) {
+  SendWr wr;
+  wr.wr_id = id;
+  wr.opcode = op;
+  wr.flags = flags;
+  wr.sg_list = std::move(sges);
+  wr.remote_addr = remote_addr;
+  wr.rkey = rkey;
+  wr.invalidate_rkey = inv;
+  return wr;
+}
+
 class Peer {
  public:
   explicit Peer(std::uint32_t qp_num, QpCaps caps = {}, bool signal_all = true, std::uint32_t protection_domain = 7,
@@ -108,15 +121,7 @@ class Peer {
 
   Status<std::errc> send(std::uint64_t id, WrOpcode op, std::vector<Sge> sges, std::uint32_t flags = 0,
                          std::uint64_t remote_addr = 0, std::uint32_t rkey = 0, std::uint32_t inv = 0) {
-    SendWr wr;
-    wr.wr_id = id;
-    wr.opcode = op;
-    wr.flags = flags;
-    wr.sg_list = std::move(sges);
-    wr.remote_addr = remote_addr;
-    wr.rkey = rkey;
-    wr.invalidate_rkey = inv;
-    auto result = qp.post_send(wr);
+    auto result = qp.post_send(make_wr(id, op, std::move(sges), flags, remote_addr, rkey, inv));
     if (result) posted_sends.push_back(id);
     return result;
   }
@@ -1344,19 +1349,6 @@ TEST(QueuePairEngine, CqOverrunMovesTheQpToError) {
 }
 
 // ---------------------------------------------------------------- direct transmit
-
-SendWr make_wr(std::uint64_t id, WrOpcode op, std::vector<Sge> sges, std::uint32_t flags = 0,
-               std::uint64_t remote_addr = 0, std::uint32_t rkey = 0, std::uint32_t inv = 0) {
-  SendWr wr;
-  wr.wr_id = id;
-  wr.opcode = op;
-  wr.flags = flags;
-  wr.sg_list = std::move(sges);
-  wr.remote_addr = remote_addr;
-  wr.rkey = rkey;
-  wr.invalidate_rkey = inv;
-  return wr;
-}
 
 // Frames `wr` on the direct path and writes `limit` bytes of it (all by default) to `link`,
 // as a driver does. False when the engine refused it (nothing may have changed then).
