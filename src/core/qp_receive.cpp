@@ -7,6 +7,10 @@
 // placed before the FPDU's CRC verified (RFC 5044 §7.2). The payload waits where it was
 // read as long as the caller's buffer holds it, and is placed from there; only the part of
 // an FPDU that a read cut off is copied aside (staged) until the rest arrives.
+//
+// The common FPDU of a running stream (a whole single-segment Send or a Write's last segment)
+// takes a shorter way, header prediction (take_predicted_fpdu); every other FPDU goes through
+// the decoder and the segment life cycle, which stay the reference for both.
 #include <algorithm>
 #include <cstring>
 #include <utility>

@@ -1,7 +1,8 @@
 // Transmit path of the queue-pair engine: schedules outbound messages (RTR, send queue,
 // Read Responses), segments them into DDP segments (RFC 5041 §5.4), frames FPDUs around
 // payload that stays in registered memory (RFC 5044 §4) and completes Sends and Writes
-// once their last byte went to the socket (RFC 5040 §5.5).
+// once their last byte went to the socket (RFC 5040 §5.5). A small WR posted while nothing
+// waits to go out skips the send queue's schedule (direct transmit, frame_direct).
 #include <algorithm>
 #include <cstring>
 
