@@ -175,12 +175,38 @@ void QueuePairEngine::start_rtr() {
 
 // ---------------------------------------------------------------- framing
 
+// One FPDU into the ring's next slot: the prefix for `header`, the `n` payload bytes that
+// `gather` hands to its argument piece by piece, the trailer. The payload is not copied: its
+// iovecs point at the registered buffers (or the inline copy); only the CRC reads it here.
+// False (nothing framed) when the framer refuses the header.
+template <typename Gather>
+bool QueuePairEngine::frame_into_next_slot(const wire::SegmentHeader& header, std::size_t n, TxOwner owner,
+                                           std::uint64_t seq, Gather&& gather) {
+  TxSlot& slot = ring_at(ring_count_);
+  if (!slot.framer.begin(header, n)) return false;
+  slot.pieces.clear();
+  const auto prefix = slot.framer.prefix();
+  slot.pieces.push_back(detail::make_iovec(prefix.data(), prefix.size()));
+  gather([&](const std::uint8_t* data, std::size_t length) {
+    slot.pieces.push_back(detail::make_iovec(data, length));
+    if (params_.crc) slot.framer.add_payload(std::span(data, length));
+  });
+  const auto trailer = slot.framer.finish(params_.crc);
+  slot.pieces.push_back(detail::make_iovec(trailer.data(), trailer.size()));
+  slot.size = prefix.size() + n + trailer.size();
+  slot.sent = 0;
+  slot.owner = owner;
+  slot.seq = seq;
+  slot.last = header.last;
+  ++ring_count_;
+  ring_unsent_ += slot.size;
+  return true;
+}
+
 // One DDP segment of the current message (RFC 5041 §5.4): at most MULPDU bytes of ULPDU,
-// MO/TO advancing, L on the last one only. The payload is not copied: its iovecs point at
-// the registered buffers (or the inline copy); only the CRC reads it here.
+// MO/TO advancing, L on the last one only.
 void QueuePairEngine::frame_segment() {
   TxMessage& m = tx_msg_;
-  TxSlot& slot = ring_at(ring_count_);
   wire::SegmentHeader header = m.header;
   const std::size_t header_size = wire::segment_header_size(header);
   const std::uint64_t max_payload = mulpdu_ > header_size ? mulpdu_ - header_size : 1;
@@ -191,22 +217,11 @@ void QueuePairEngine::frame_segment() {
     header.tagged_offset = m.base_offset + m.offset;
   else if (wire::is_send(header.opcode))
     header.message_offset = static_cast<std::uint32_t>(m.offset);
-  if (!slot.framer.begin(header, n)) {
-    // Cannot happen with a clamped MULPDU; treat as a local error while building.
-    tx_msg_ = TxMessage{};
-    send_terminate(wire::TerminateHeader{.code = {wire::TerminateLayer::rdmap, 0x0, 0x00}});
-    return;
-  }
-  slot.pieces.clear();
-  const auto prefix = slot.framer.prefix();
-  slot.pieces.push_back(detail::make_iovec(prefix.data(), prefix.size()));
-  auto add = [&](const std::uint8_t* data, std::size_t length) {
-    slot.pieces.push_back(detail::make_iovec(data, length));
-    if (params_.crc) slot.framer.add_payload(std::span(data, length));
-  };
-  if (n > 0 && m.contiguous) {
-    add(m.contiguous + m.offset, n);
-  } else if (n > 0) {
+  const bool framed = frame_into_next_slot(header, n, m.owner, m.seq, [&](auto&& add) {
+    if (n > 0 && m.contiguous) {
+      add(m.contiguous + m.offset, n);
+      return;
+    }
     std::size_t want = n;
     while (want > 0) {
       const Sge& sge = (*m.sges)[m.sge_index];
@@ -221,17 +236,14 @@ void QueuePairEngine::frame_segment() {
       m.sge_offset += k;
       want -= k;
     }
+  });
+  if (!framed) {
+    // Cannot happen with a clamped MULPDU; treat as a local error while building.
+    tx_msg_ = TxMessage{};
+    send_terminate(wire::TerminateHeader{.code = {wire::TerminateLayer::rdmap, 0x0, 0x00}});
+    return;
   }
-  const auto trailer = slot.framer.finish(params_.crc);
-  slot.pieces.push_back(detail::make_iovec(trailer.data(), trailer.size()));
-  slot.size = prefix.size() + n + trailer.size();
-  slot.sent = 0;
-  slot.owner = m.owner;
-  slot.seq = m.seq;
-  slot.last = header.last;
   m.offset += n;
-  ++ring_count_;
-  ring_unsent_ += slot.size;
   if (header.last) tx_msg_.owner = TxOwner::none;  // the next start_*() resets the rest
 }
 
@@ -363,16 +375,16 @@ std::span<const iovec> QueuePairEngine::frame_direct(const SendWr& wr) {
     if (!memory_.check_local(sge, config_.pd, false)) return {};
   wire::SegmentHeader header = message_header(wr);
   if (length > mulpdu_ - wire::segment_header_size(header)) return {};  // one FPDU only
-  if (wire::is_send(header.opcode)) header.msn = next_send_msn_++;
-  tx_msg_ = TxMessage{.owner = TxOwner::send_queue,
-                      .seq = sq_next_,  // the entry it becomes if the socket takes only part
-                      .header = header,
-                      .length = length,
-                      .base_offset = wr.remote_addr,
-                      .sges = &wr.sg_list};
-  frame_segment();
-  tx_msg_.sges = nullptr;  // the caller's list: framed, no longer needed
-  if (ring_count_ == 0) return {};  // could not frame: the QP is in ERROR, post_send() flushes it
+  // The one segment: L set, MO 0 or TO at the first byte (RFC 5041 §5.4).
+  if (wire::is_send(header.opcode)) header.msn = next_send_msn_;
+  if (wire::is_tagged(header.opcode)) header.tagged_offset = wr.remote_addr;
+  // Its send-queue sequence number: the entry it becomes if the socket takes only part.
+  const bool framed = frame_into_next_slot(header, length, TxOwner::send_queue, sq_next_, [&](auto&& add) {
+    for (const Sge& sge : wr.sg_list)
+      if (sge.length > 0) add(detail::memory_at(sge.addr), sge.length);
+  });
+  if (!framed) return {};  // cannot happen (one FPDU, checked above); post_send() would say so
+  if (wire::is_send(header.opcode)) ++next_send_msn_;
   return ring_at(0).pieces;
 }
 

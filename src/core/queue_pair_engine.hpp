@@ -233,6 +233,9 @@ class QueuePairEngine {
   void start_send_queue_message();
   void start_read_response();
   void start_rtr();
+  template <typename Gather>
+  bool frame_into_next_slot(const wire::SegmentHeader& header, std::size_t n, TxOwner owner, std::uint64_t seq,
+                            Gather&& gather);
   void frame_segment();
   void fill_pipeline();
   void frame_whole(const wire::SegmentHeader& header, TxOwner owner);
