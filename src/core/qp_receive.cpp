@@ -106,13 +106,12 @@ std::size_t QueuePairEngine::take_predicted_fpdu(std::span<const std::uint8_t> i
   if (size > in.size()) return 0;
   const std::uint8_t* header = fpdu + wire::kUlpduLengthSize;
   const std::uint16_t control = wire::load_be16(header);
-  if (control != wire::segment_control_bytes(RdmapOpcode::send, true) &&
-      control != wire::segment_control_bytes(RdmapOpcode::rdma_write, true))
-    return 0;
+  const bool send = control == wire::segment_control_bytes(RdmapOpcode::send, true);
+  if (!send && control != wire::segment_control_bytes(RdmapOpcode::rdma_write, true)) return 0;
   // Checked before any field is trusted: RFC 5044 §7.2 places nothing of an FPDU whose CRC
   // fails (the decoded path then reports it).
   if (!wire::fpdu_trailer_valid(in.first(size), ulpdu_length, params_.crc)) return 0;
-  if (control == wire::segment_control_bytes(RdmapOpcode::send, true)) {
+  if (send) {
     // RFC 5041 §5.3 fields: QN 0, the next MSN, MO 0 (a single-segment message).
     if (ulpdu_length < wire::kUntaggedHeaderSize || wire::load_be32(header + 6) != wire::kQueueSend ||
         wire::load_be32(header + 10) != expected_send_msn_ || wire::load_be32(header + 14) != 0)
@@ -129,7 +128,7 @@ std::size_t QueuePairEngine::take_predicted_fpdu(std::span<const std::uint8_t> i
     place(std::span(header + wire::kUntaggedHeaderSize, length));
     count_valid_segment(length, true);
     deliver_send(RdmapOpcode::send, 0, length);
-  } else if (control == wire::segment_control_bytes(RdmapOpcode::rdma_write, true)) {
+  } else {
     // RFC 5041 §7.2 / RFC 5040 §7.2: the sink checks of handle_tagged_segment().
     if (ulpdu_length < wire::kTaggedHeaderSize) return 0;
     const std::size_t length = ulpdu_length - wire::kTaggedHeaderSize;
@@ -144,9 +143,7 @@ std::size_t QueuePairEngine::take_predicted_fpdu(std::span<const std::uint8_t> i
     place(std::span(header + wire::kTaggedHeaderSize, length));
     count_valid_segment(length, true);
   }
-  rx_.kind = RxKind::none;
-  rx_.recv = nullptr;
-  rx_.tagged_target = nullptr;
+  release_segment_targets();
   ++stats_.fpdus_predicted;
   return size;
 }
@@ -263,13 +260,15 @@ void QueuePairEngine::on_segment_end() {
     case RxKind::rtr_write:
       break;
   }
-  if (state_ != QpState::error) {
-    // Nothing points into the finished segment's receive or target any more; the next
-    // header sets the rest.
-    rx_.kind = RxKind::none;
-    rx_.recv = nullptr;
-    rx_.tagged_target = nullptr;
-  }
+  if (state_ != QpState::error) release_segment_targets();
+}
+
+// Nothing points into the finished segment's receive or target any more; the next header
+// sets the rest.
+void QueuePairEngine::release_segment_targets() {
+  rx_.kind = RxKind::none;
+  rx_.recv = nullptr;
+  rx_.tagged_target = nullptr;
 }
 
 void QueuePairEngine::count_valid_segment(std::size_t length, bool last) {

@@ -264,6 +264,7 @@ class QueuePairEngine {
   bool handle_read_request(const wire::SegmentHeader& header);
   std::size_t take_predicted_fpdu(std::span<const std::uint8_t> in);
   void count_valid_segment(std::size_t length, bool last);
+  void release_segment_targets();
   void place(std::span<const std::uint8_t> bytes);
   std::span<std::uint8_t> send_run();
   void advance_send_cursor(std::size_t n);
