@@ -4,6 +4,8 @@
 
 #include <climits>
 
+#include "wire/vector_state.hpp"
+
 namespace peercm::wire {
 
 void Crc32c::update(std::span<const std::uint8_t> bytes) {
@@ -16,6 +18,7 @@ void Crc32c::update(std::span<const std::uint8_t> bytes) {
     data += chunk;
     left -= static_cast<std::size_t>(chunk);
   }
+  leave_vector_kernel();
 }
 
 std::uint32_t crc32c(std::span<const std::uint8_t> bytes) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "wire/byte_io.hpp"
+#include "wire/vector_state.hpp"
 
 namespace peercm::wire::roce {
 namespace {
@@ -52,7 +53,9 @@ std::size_t masked_ipv6(const Ipv6IcrcFields& f, std::size_t udp_length, std::ui
 std::uint32_t crc32_ethernet(std::span<const std::uint8_t> bytes, std::uint32_t crc) {
   // crc32_gzip_refl is ISA-L's reflected CRC-32 (0xEDB88320) with zlib's pre/post inversion;
   // crc32_ieee is the non-reflected variant and does not match (checked in the tests).
-  return crc32_gzip_refl(crc, bytes.data(), bytes.size());
+  const std::uint32_t result = crc32_gzip_refl(crc, bytes.data(), bytes.size());
+  leave_vector_kernel();
+  return result;
 }
 
 Result<Icrc, WireError> Icrc::begin(const IcrcPseudoHeader& pseudo, std::size_t udp_payload_length,
