@@ -631,6 +631,12 @@ struct ibv_send_wr {
 			uint32_t remote_srqn;
 		} xrc;
 	} qp_type;
+/* Anonymous structs inside an anonymous union are valid C11 but an extension in C++, which
+ * clang reports under -Wpedantic; the layout is rdma-core's and stays. */
+#if defined(__clang__) && defined(__cplusplus)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wnested-anon-types"
+#endif
 	union {
 		struct {
 			struct ibv_mw *mw;
@@ -643,6 +649,9 @@ struct ibv_send_wr {
 			uint16_t mss;
 		} tso;
 	};
+#if defined(__clang__) && defined(__cplusplus)
+#pragma clang diagnostic pop
+#endif
 };
 
 struct ibv_recv_wr {
