@@ -3,6 +3,7 @@
 // bounded amount of memory; legitimate clients still get in, during the flood and after.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -168,8 +169,11 @@ TEST_F(ConnectFlood, BacklogHoldsMemoryIsBoundedAndLegitimateClientsGetIn) {
   EXPECT_LE(peak.handshaking, static_cast<std::size_t>(kBacklog));
   EXPECT_LE(peak.fds - before.fds, 2u + kBacklog + 4u);
   // Bounded memory: a full backlog of handshakes and one legitimate connection, as measured
-  // above, plus the heap slack; 10,000 connects kept would need 10,000 handshakes' worth.
-  EXPECT_LE(peak.heap - before.heap, kBacklog * per_handshake + legitimate_cost + kHeapSlack)
+  // above, plus what the churn of legitimate connections holds for a moment (events queued on
+  // both channels, the previous connection's last buffers while it closes: 10.9 KiB once, in
+  // an ASan run on a loaded machine); 10,000 connects kept would need 10,000 handshakes' worth.
+  constexpr std::int64_t kChurnSlack = 32 * 1024;
+  EXPECT_LE(peak.heap - before.heap, kBacklog * per_handshake + legitimate_cost + std::max(kHeapSlack, kChurnSlack))
       << per_handshake << " B per handshake";
   // The window holds 16 times the backlog in silent connections: legitimate clients get in
   // because a silent handshake gives way to a newcomer. Measured: more than 95% of them, and
