@@ -7,7 +7,7 @@ namespace peercm::wire {
 // 2.30) return without VZEROUPPER, and ISA-L leaves that to its callers (intel/isa-l#24).
 // Until the upper halves of the vector registers are cleared, every legacy-SSE instruction
 // of ours (struct copies, zeroing) merges with them: with CRC on, a 4 KiB ping-pong took
-// 12-17 % longer one way. Call this after every ISA-L call; a no-op on CPUs without AVX.
+// 14-20 % longer one way. Call this after every ISA-L call; a no-op on CPUs without AVX.
 void leave_vector_kernel();
 
 }  // namespace peercm::wire
