@@ -13,11 +13,6 @@ bool padding_is_zero(const std::uint8_t* pad, std::size_t n) {
   return std::all_of(pad, pad + n, [](std::uint8_t b) { return b == 0; });
 }
 
-// The CRC field: the one little-endian field of iWARP (RFC 5044 §4.4).
-std::uint32_t load_crc_field(const std::uint8_t* c) {
-  return std::uint32_t{c[0]} | (std::uint32_t{c[1]} << 8) | (std::uint32_t{c[2]} << 16) | (std::uint32_t{c[3]} << 24);
-}
-
 }  // namespace
 
 std::size_t mulpdu_for_emss(std::size_t emss) {
@@ -53,9 +48,7 @@ std::span<const std::uint8_t> FpduFramer::finish(bool with_crc) {
     crc_.update(std::span(trailer_).first(padding_));
     crc = crc_.finish();
   }
-  // The one little-endian field of iWARP (RFC 5044 §4.4, worked examples in Figs. 5-6).
-  for (std::size_t i = 0; i < kFpduCrcSize; ++i)
-    trailer_[padding_ + i] = static_cast<std::uint8_t>(crc >> (8 * i));
+  store_crc_field(crc, trailer_.data() + padding_);
   return std::span(trailer_).first(padding_ + kFpduCrcSize);
 }
 
@@ -84,8 +77,7 @@ Result<std::size_t, WireError> encode_fpdu(const SegmentHeader& header, std::spa
   const std::size_t padding = fpdu_padding(ulpdu_length);
   for (std::size_t i = 0; i < padding; ++i) *p++ = 0;
   const std::uint32_t crc = with_crc ? crc32c(out.first(total - kFpduCrcSize)) : 0;
-  // The one little-endian field of iWARP (RFC 5044 §4.4, worked examples in Figs. 5-6).
-  for (std::size_t i = 0; i < kFpduCrcSize; ++i) p[i] = static_cast<std::uint8_t>(crc >> (8 * i));
+  store_crc_field(crc, p);
   return total;
 }
 

@@ -29,6 +29,16 @@ constexpr std::size_t fpdu_wire_size(std::size_t ulpdu_length) {
 // RFC 5044 §4.5 without markers: MULPDU = EMSS - (6 + EMSS mod 4), within [128, 64768].
 std::size_t mulpdu_for_emss(std::size_t emss);
 
+// The CRC field, the one little-endian field of iWARP (RFC 5044 §4.4, worked examples in
+// Figs. 5-6).
+inline std::uint32_t load_crc_field(const std::uint8_t* field) {
+  return std::uint32_t{field[0]} | (std::uint32_t{field[1]} << 8) | (std::uint32_t{field[2]} << 16) |
+         (std::uint32_t{field[3]} << 24);
+}
+inline void store_crc_field(std::uint32_t crc, std::uint8_t* field) {
+  for (std::size_t i = 0; i < kFpduCrcSize; ++i) field[i] = static_cast<std::uint8_t>(crc >> (8 * i));
+}
+
 // The trailer of a whole FPDU (`fpdu`: ULPDU_Length through the CRC field, fpdu_wire_size()
 // bytes of a ULPDU of `ulpdu_length`): its PAD is zero (RFC 5044 §4.1) and, when `check_crc`,
 // its CRC field matches the bytes before it (§4.4).

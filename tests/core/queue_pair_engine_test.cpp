@@ -1629,7 +1629,7 @@ void refresh_crcs(std::uint8_t* data, std::size_t n) {
     const std::size_t size = wire::fpdu_wire_size(wire::load_be16(data + at));
     if (at + size > n) return;
     const std::uint32_t crc = wire::crc32c(std::span<const std::uint8_t>(data + at, size - wire::kFpduCrcSize));
-    for (std::size_t i = 0; i < 4; ++i) data[at + size - 4 + i] = static_cast<std::uint8_t>(crc >> (8 * i));
+    wire::store_crc_field(crc, data + at + size - wire::kFpduCrcSize);
     at += size;
   }
 }
