@@ -91,10 +91,7 @@ void QueuePairEngine::start_send_queue_message() {
   m.owner = TxOwner::send_queue;
   m.seq = seq;
   m.length = entry.length;
-  if (entry.wr.flags & kSendInline)
-    m.contiguous = entry.inline_data.data();
-  else
-    m.sges = &entry.wr.sg_list;
+  if (entry.wr.flags & kSendInline) m.contiguous = entry.inline_data.data();  // its heap block never moves
   switch (entry.wr.opcode) {
     case WrOpcode::send:
     case WrOpcode::send_with_invalidate:
@@ -120,7 +117,6 @@ void QueuePairEngine::start_send_queue_message() {
                                                       .source_stag = entry.wr.rkey,
                                                       .source_offset = entry.wr.remote_addr};
       m.length = 0;
-      m.sges = nullptr;
       entry.phase = SendEntry::Phase::awaiting_response;
       outbound_reads_.push_back(OutboundRead{.seq = seq, .sink_stag = sink.lkey, .sink_offset = sink.addr,
                                              .size = sink.length, .rtr = false});
@@ -222,9 +218,11 @@ void QueuePairEngine::frame_segment() {
       add(m.contiguous + m.offset, n);
       return;
     }
+    if (n == 0) return;
+    const SgeList& sges = sq_[m.seq - sq_base_].wr.sg_list;
     std::size_t want = n;
     while (want > 0) {
-      const Sge& sge = (*m.sges)[m.sge_index];
+      const Sge& sge = sges[m.sge_index];
       const std::uint64_t room = sge.length - m.sge_offset;
       if (room == 0) {
         ++m.sge_index;

@@ -190,8 +190,9 @@ class QueuePairEngine {
     std::uint64_t length = 0;
     std::uint64_t offset = 0;        // bytes segmented so far (MO / TO - base)
     std::uint64_t base_offset = 0;   // tagged: TO of the first byte
-    const SgeList* sges = nullptr;               // gather list in registered memory
-    const std::uint8_t* contiguous = nullptr;    // or one contiguous source
+    // The payload: one contiguous source, or else the gather list of send-queue entry `seq`,
+    // looked up per segment (the queue's storage moves when WRs posted behind it grow it).
+    const std::uint8_t* contiguous = nullptr;
     std::size_t sge_index = 0;
     std::uint64_t sge_offset = 0;
   };

@@ -4,6 +4,8 @@
 // nothing more, and an index is a mask. The buffer starts empty (an idle queue pair holds
 // no slots), doubles when full, and is released when the queue drains after growing past
 // kKeptCapacity, so a burst does not pin its memory for the queue pair's life.
+// Unlike std::deque's, its elements move when it grows: a push invalidates every pointer and
+// reference into it, so whatever outlives a push keeps a sequence number, not an address.
 #pragma once
 
 #include <algorithm>

@@ -1214,6 +1214,44 @@ TEST(QueuePairEngine, PayloadIsSentFromRegisteredMemoryAndFramingIsBounded) {
   EXPECT_EQ(n % 3, 0u);                                 // prefix, payload, trailer per FPDU
 }
 
+
+// A message is framed a window at a time, so the WRs posted behind it while it is under way
+// grow the send queue, whose storage then moves. The rest of the message must still be
+// gathered from the WR's own SGEs (an earlier engine kept a pointer into the old storage and
+// read freed memory: CRCs over address 0 + offset in the field, heap-use-after-free under ASan).
+TEST(QueuePairEngine, SendQueueGrowthUnderAMessageInProgressKeepsItsSges) {
+  for (const bool crc : {true, false}) {
+    SCOPED_TRACE(crc ? "crc on" : "crc off");
+    constexpr std::size_t kBig = 1u << 20;
+    constexpr std::size_t kSmall = 3000;
+    constexpr int kBehind = 40;  // the queue doubles from 4 past 32
+    Peer a(1), b(2);
+    Mr src = a.reg(kBig + kBehind * kSmall);
+    Mr dst = b.reg(kBig + kBehind * kSmall);
+    fill_pattern(src.bytes(), 21);
+    connect(a, b, crc);
+    // Two SGEs, so that the gather also walks the list after the move.
+    ASSERT_TRUE(a.send(1, WrOpcode::rdma_write, {src.sge(0, kBig / 2), src.sge(kBig / 2, kBig / 2)}, 0, dst.addr,
+                       dst.stag));
+    Pump pump(a, b, 22);
+    ASSERT_TRUE(pump.move(a.qp, pump.ab, std::size_t{70000}));  // the first window framed, part of it sent
+    for (int i = 0; i < kBehind; ++i) {
+      const std::size_t at = kBig + static_cast<std::size_t>(i) * kSmall;
+      ASSERT_TRUE(a.send(2 + static_cast<std::uint64_t>(i), WrOpcode::rdma_write, {src.sge(at, kSmall)}, 0,
+                         dst.addr + at, dst.stag));
+    }
+    // What the allocator hands out next may be the queue's old storage: overwrite it, as
+    // any other allocation of the process would.
+    std::vector<std::vector<std::uint8_t>> reuse;
+    for (std::size_t size = 64; size <= 16384; size += 16) reuse.emplace_back(size, std::uint8_t{0});
+    pump.run();
+    EXPECT_TRUE(has_pattern(dst.bytes(), 21));
+    ASSERT_EQ(a.scq.wcs.size(), static_cast<std::size_t>(kBehind + 1));
+    for (const auto& wc : a.scq.wcs) EXPECT_EQ(wc.status, WcStatus::success) << wc.wr_id;
+    EXPECT_EQ(b.qp.state(), QpState::rts);
+    EXPECT_EQ(a.qp.state(), QpState::rts);
+  }
+}
 TEST(QueuePairEngine, SendCqOverrunMovesTheQpToError) {
   Peer a(1), b(2);
   Mr src = a.reg(30);
