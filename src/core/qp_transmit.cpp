@@ -214,11 +214,11 @@ void QueuePairEngine::frame_segment() {
   else if (wire::is_send(header.opcode))
     header.message_offset = static_cast<std::uint32_t>(m.offset);
   const bool framed = frame_into_next_slot(header, n, m.owner, m.seq, [&](auto&& add) {
-    if (n > 0 && m.contiguous) {
+    if (n == 0) return;
+    if (m.contiguous) {
       add(m.contiguous + m.offset, n);
       return;
     }
-    if (n == 0) return;
     const SgeList& sges = sq_[m.seq - sq_base_].wr.sg_list;
     std::size_t want = n;
     while (want > 0) {

@@ -1214,7 +1214,6 @@ TEST(QueuePairEngine, PayloadIsSentFromRegisteredMemoryAndFramingIsBounded) {
   EXPECT_EQ(n % 3, 0u);                                 // prefix, payload, trailer per FPDU
 }
 
-
 // A message is framed a window at a time, so the WRs posted behind it while it is under way
 // grow the send queue, whose storage then moves. The rest of the message must still be
 // gathered from the WR's own SGEs (an earlier engine kept a pointer into the old storage and
@@ -1252,6 +1251,7 @@ TEST(QueuePairEngine, SendQueueGrowthUnderAMessageInProgressKeepsItsSges) {
     EXPECT_EQ(a.qp.state(), QpState::rts);
   }
 }
+
 TEST(QueuePairEngine, SendCqOverrunMovesTheQpToError) {
   Peer a(1), b(2);
   Mr src = a.reg(30);
