@@ -334,7 +334,8 @@ void Reactor::start_thread() {
       finished = std::move(thread_);
     }
     thread_generation_ = run_generation_.fetch_add(1) + 1;
-    thread_ = std::thread(&Reactor::thread_main, this, thread_generation_);
+    thread_ = std::thread(&Reactor::thread_main, this, thread_generation_,
+                          poller_heartbeat_.load(std::memory_order_relaxed));
   }
   if (finished.joinable()) finished.join();
 }
@@ -357,13 +358,13 @@ void Reactor::stop_thread() {
   thread.join();
 }
 
-void Reactor::thread_main(std::uint64_t generation) {
+void Reactor::thread_main(std::uint64_t generation, std::uint64_t heartbeat) {
   const CurrentReactorScope scope(this);
   std::unique_lock<std::mutex> lock(owner_);
   while (run_generation_.load() == generation) {
-    if (poller_lease_until_.load(std::memory_order_relaxed) > Clock::now().time_since_epoch().count()) {
+    if (poller_active(heartbeat)) {
       lock.unlock();
-      park_during_lease(generation);
+      park_during_lease(generation, heartbeat);
       lock.lock();
       continue;
     }
@@ -371,18 +372,28 @@ void Reactor::thread_main(std::uint64_t generation) {
   }
 }
 
-void Reactor::park_during_lease(std::uint64_t generation) {
+// A poller renews its lease from the clock reading of an earlier round, and a pass that moves
+// a stream's data can outlast the lease that reading gives: one that passed since the last
+// look is still polling, whatever its lease says. 0: the poller ended its lease.
+bool Reactor::poller_active(std::uint64_t& heartbeat) const {
+  const Clock::rep lease = poller_lease_until_.load(std::memory_order_relaxed);
+  const std::uint64_t beat = poller_heartbeat_.load(std::memory_order_relaxed);
+  const bool passed = beat != heartbeat;
+  heartbeat = beat;
+  if (lease == 0) return false;
+  return passed || lease > Clock::now().time_since_epoch().count();
+}
+
+void Reactor::park_during_lease(std::uint64_t generation, std::uint64_t& heartbeat) {
   std::unique_lock<std::mutex> park(park_mutex_);
   Clock::duration sleep = kFirstParkCheck;
-  for (;;) {
+  do {
     const Clock::time_point until(Clock::duration(poller_lease_until_.load(std::memory_order_relaxed)));
-    const Clock::time_point now = Clock::now();
-    if (run_generation_.load() != generation || until <= now) return;
     // Every wake-up displaces a polling thread from its CPU: while the poller keeps renewing
     // its lease, look again less and less often.
-    park_cv_.wait_until(park, std::max(until, now + sleep));
+    park_cv_.wait_until(park, std::max(until, Clock::now() + sleep));
     sleep = std::min(sleep * 2, kLastParkCheck);
-  }
+  } while (run_generation_.load() == generation && poller_active(heartbeat));
 }
 
 void Reactor::lend_to_poller(Clock::duration lease) {
@@ -391,6 +402,8 @@ void Reactor::lend_to_poller(Clock::duration lease) {
 
 void Reactor::renew_poller_lease(Clock::duration lease) {
   poller_lease_until_.store((clock_seen_ + lease).time_since_epoch().count(), std::memory_order_relaxed);
+  // Written under owner_ only: no read-modify-write needed.
+  poller_heartbeat_.store(poller_heartbeat_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
 void Reactor::end_poller_lease() {

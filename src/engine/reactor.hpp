@@ -101,8 +101,10 @@ class Reactor {
   // ends on its own, or at once when the poller is about to block. Thread-safe.
   void lend_to_poller(Clock::duration lease);
   // lend_to_poller() from the reactor's last clock reading instead of a new one (owner mutex
-  // held). A poller renews its lease on every pass; the reading is at most kEpollEvery - 1
-  // direct passes old, so the lease only ever ends earlier than a fresh reading would put it.
+  // held), and a heartbeat. A poller renews its lease on every pass; the reading is at most
+  // kEpollEvery - 1 direct passes old, which for passes that move much data (a stream's, up to
+  // 1 MiB each) is older than the lease: a parked progress thread therefore stays parked while
+  // the heartbeat moves between its checks, whatever the lease's clock says.
   void renew_poller_lease(Clock::duration lease);
   void end_poller_lease();
   // When the current lease ends (the epoch when none is lent). Thread-safe.
@@ -146,9 +148,13 @@ class Reactor {
   using TimerQueue = std::multimap<Clock::time_point, Timer>;
 
   void dispatch_timers(Clock::time_point now);
-  void thread_main(std::uint64_t generation);
-  // Progress thread, owner mutex NOT held: sleeps while a poller's lease lasts.
-  void park_during_lease(std::uint64_t generation);
+  // `heartbeat`: poller_heartbeat_ when the thread was started.
+  void thread_main(std::uint64_t generation, std::uint64_t heartbeat);
+  // Whether a poller drives the reactor: its lease is not over by the clock, or it has passed
+  // since `heartbeat` (updated) without ending its lease.
+  bool poller_active(std::uint64_t& heartbeat) const;
+  // Progress thread, owner mutex NOT held: sleeps while a poller is active.
+  void park_during_lease(std::uint64_t generation, std::uint64_t& heartbeat);
   // epoll_wait up to `max_wait` (the mutex released), then the ready fds and due timers.
   void epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait);
 
@@ -193,6 +199,8 @@ class Reactor {
   // End of the current poller lease (Clock ticks since its epoch; 0: none). The park
   // mutex only pairs the progress thread's sleep with end_poller_lease() and stop_thread().
   std::atomic<Clock::rep> poller_lease_until_{0};
+  // Passes a poller made (renew_poller_lease(); written under owner_, read by the parked thread).
+  std::atomic<std::uint64_t> poller_heartbeat_{0};
   // A parked progress thread checks the lease after kFirstParkCheck, then at doubling
   // intervals up to kLastParkCheck: the longest it stays away after a poller stops polling
   // without blocking (end_poller_lease() wakes it at once).

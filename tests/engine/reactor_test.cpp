@@ -745,6 +745,47 @@ TEST_F(ReactorTest, ParkedProgressThreadTakesOverSoonAfterThePollerStopsRenewing
   reactor.remove(p.r);
 }
 
+// A poller renews its lease from its reactor's last clock reading, which may be up to
+// kEpollEvery - 1 passes old; passes that move a stream's data (up to 1 MiB each) outlast the
+// lease that reading gives. While the passes go on, the parked thread stays parked, though
+// the lease looks over; once they stop, it takes over at its next look. A stalled poller is
+// a real lapse (a loaded machine may stall this one): an attempt counts when the thread left
+// the ready fd alone throughout. Before the heartbeat it took the fd in every attempt.
+TEST_F(ReactorTest, ParkedProgressThreadStaysParkedWhileThePollerPassesOnAnOldClockReading) {
+  Pipe p;
+  std::atomic<bool> handled{false};
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
+    p.drain();
+    handled = true;
+  }));
+  reactor.run_ready(lock);  // the clock reading every renewal below runs from
+  bool left_alone = false;
+  for (int attempt = 0; attempt < 5 && !left_alone; ++attempt) {
+    handled = false;
+    p.put();
+    reactor.lend_to_poller(2ms);  // the first renewal below already shortens it to the past
+    reactor.start_thread();
+    lock.unlock();
+    const auto passes_until = Clock::now() + 30ms;
+    while (Clock::now() < passes_until) {
+      lock.lock();
+      reactor.renew_poller_lease(200us);
+      lock.unlock();
+      std::this_thread::yield();
+    }
+    left_alone = !handled.load();
+    if (left_alone) {
+      const auto deadline = Clock::now() + 2s;
+      while (!handled.load() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+      EXPECT_TRUE(handled.load()) << "the passes stopped: the thread takes over";
+    }
+    reactor.stop_thread();
+    lock.lock();
+  }
+  EXPECT_TRUE(left_alone) << "the progress thread took the ready fd from a poller still passing";
+  reactor.remove(p.r);
+}
+
 TEST_F(ReactorTest, EarlierTimerWakesTheSleepingProgressThread) {
   std::condition_variable cv;
   const auto far = reactor.add_timer(Clock::now() + 10s, [] { ADD_FAILURE() << "far timer fired"; });
