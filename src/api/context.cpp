@@ -56,6 +56,7 @@ void ContextImpl::poll_pass(std::unique_lock<std::mutex>& lock) {
     return;
   }
   if (!lock.try_lock()) return;  // the progress thread is at work: nothing to gain
+  reactor.begin_poller_pass();
   reactor.run_once(lock, std::chrono::milliseconds(0));
   reactor.renew_poller_lease(kPollerLease);
 }

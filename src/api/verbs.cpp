@@ -155,6 +155,9 @@ QpState QueuePair::state() const {
 
 Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   std::lock_guard lock(impl_->context->mutex);
+  // A sender's posts transmit (for as long as a large message fills the socket): work that
+  // keeps a parked progress thread away like a poller's passes.
+  impl_->context->reactor.note_poller_work();
   if (impl_->send_direct && impl_->send_direct(wr)) return {};
   auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine.post_send(wr);
   if (posted && impl_->kick_transmit) impl_->kick_transmit();

@@ -361,38 +361,54 @@ void Reactor::stop_thread() {
 void Reactor::thread_main(std::uint64_t generation, std::uint64_t heartbeat) {
   const CurrentReactorScope scope(this);
   std::unique_lock<std::mutex> lock(owner_);
+  // Looks at a poller grow rarer across parks with no round between them (one that left the
+  // park only to wait for the owner mutex held by a busy application thread).
+  Clock::duration park_interval = kFirstParkCheck;
   while (run_generation_.load() == generation) {
     if (poller_active(heartbeat)) {
       lock.unlock();
-      park_during_lease(generation, heartbeat);
-      lock.lock();
+      do park_during_lease(generation, heartbeat, park_interval);
+      while (!take_owner_after_park(lock) && run_generation_.load() == generation);
       continue;
     }
     run_once(lock, kForever);
+    park_interval = kFirstParkCheck;
   }
 }
 
+// An owner mutex held by an application thread at work is no reason to queue behind it: every
+// unlock would wake this thread only to find it taken again by the next pass (a convoy that
+// cost the poller's CPU thousands of context switches a second). Look again after the next
+// interval instead. A poller that ended its lease is about to let go of it: wait for that.
+bool Reactor::take_owner_after_park(std::unique_lock<std::mutex>& lock) {
+  if (poller_lease_until_.load(std::memory_order_relaxed) == 0) {
+    lock.lock();
+    return true;
+  }
+  return lock.try_lock();
+}
+
 // A poller renews its lease from the clock reading of an earlier round, and a pass that moves
-// a stream's data can outlast the lease that reading gives: one that passed since the last
-// look is still polling, whatever its lease says. 0: the poller ended its lease.
+// a stream's data can outlast the lease that reading gives: a poller in a pass, or one that
+// passed since the last look, is still polling, whatever its lease says. 0: the poller ended
+// its lease.
 bool Reactor::poller_active(std::uint64_t& heartbeat) const {
   const Clock::rep lease = poller_lease_until_.load(std::memory_order_relaxed);
   const std::uint64_t beat = poller_heartbeat_.load(std::memory_order_relaxed);
   const bool passed = beat != heartbeat;
   heartbeat = beat;
   if (lease == 0) return false;
-  return passed || lease > Clock::now().time_since_epoch().count();
+  return passed || (beat & 1) != 0 || lease > Clock::now().time_since_epoch().count();
 }
 
-void Reactor::park_during_lease(std::uint64_t generation, std::uint64_t& heartbeat) {
+void Reactor::park_during_lease(std::uint64_t generation, std::uint64_t& heartbeat, Clock::duration& interval) {
   std::unique_lock<std::mutex> park(park_mutex_);
-  Clock::duration sleep = kFirstParkCheck;
   do {
     const Clock::time_point until(Clock::duration(poller_lease_until_.load(std::memory_order_relaxed)));
     // Every wake-up displaces a polling thread from its CPU: while the poller keeps renewing
     // its lease, look again less and less often.
-    park_cv_.wait_until(park, std::max(until, Clock::now() + sleep));
-    sleep = std::min(sleep * 2, kLastParkCheck);
+    park_cv_.wait_until(park, std::max(until, Clock::now() + interval));
+    interval = std::min(interval * 2, kLastParkCheck);
   } while (run_generation_.load() == generation && poller_active(heartbeat));
 }
 
@@ -400,10 +416,18 @@ void Reactor::lend_to_poller(Clock::duration lease) {
   poller_lease_until_.store((Clock::now() + lease).time_since_epoch().count(), std::memory_order_relaxed);
 }
 
+// The heartbeat is written under owner_ only: no read-modify-write needed.
+void Reactor::begin_poller_pass() {
+  poller_heartbeat_.store(poller_heartbeat_.load(std::memory_order_relaxed) | 1, std::memory_order_relaxed);
+}
+
+void Reactor::note_poller_work() {
+  poller_heartbeat_.store(poller_heartbeat_.load(std::memory_order_relaxed) + 2, std::memory_order_relaxed);
+}
+
 void Reactor::renew_poller_lease(Clock::duration lease) {
   poller_lease_until_.store((clock_seen_ + lease).time_since_epoch().count(), std::memory_order_relaxed);
-  // Written under owner_ only: no read-modify-write needed.
-  poller_heartbeat_.store(poller_heartbeat_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  poller_heartbeat_.store((poller_heartbeat_.load(std::memory_order_relaxed) | 1) + 1, std::memory_order_relaxed);
 }
 
 void Reactor::end_poller_lease() {

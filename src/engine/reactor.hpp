@@ -100,12 +100,16 @@ class Reactor {
   // waking for every event only to race the poller for the mutex and the CPU. The lease
   // ends on its own, or at once when the poller is about to block. Thread-safe.
   void lend_to_poller(Clock::duration lease);
-  // lend_to_poller() from the reactor's last clock reading instead of a new one (owner mutex
-  // held), and a heartbeat. A poller renews its lease on every pass; the reading is at most
-  // kEpollEvery - 1 direct passes old, which for passes that move much data (a stream's, up to
-  // 1 MiB each) is older than the lease: a parked progress thread therefore stays parked while
-  // the heartbeat moves between its checks, whatever the lease's clock says.
+  // A poller's pass starts (owner mutex held) and ends: renew_poller_lease() runs the lease
+  // from the reactor's last clock reading instead of a new one. That reading is at most
+  // kEpollEvery - 1 direct passes old, and a pass that moves a stream's data (up to 1 MiB, some
+  // 250 us) outlasts the lease it gives. So a parked progress thread also stays parked while
+  // a pass is under way or one ended since its last look, whatever the lease's clock says.
+  void begin_poller_pass();
   void renew_poller_lease(Clock::duration lease);
+  // An application thread did work of its own under the owner mutex (posted and transmitted
+  // a work request): while a lease is lent, that keeps a parked progress thread away too.
+  void note_poller_work();
   void end_poller_lease();
   // When the current lease ends (the epoch when none is lent). Thread-safe.
   Clock::time_point poller_lease_end() const {
@@ -150,11 +154,15 @@ class Reactor {
   void dispatch_timers(Clock::time_point now);
   // `heartbeat`: poller_heartbeat_ when the thread was started.
   void thread_main(std::uint64_t generation, std::uint64_t heartbeat);
-  // Whether a poller drives the reactor: its lease is not over by the clock, or it has passed
-  // since `heartbeat` (updated) without ending its lease.
+  // Whether a poller drives the reactor: it has not ended its lease, and the lease is not over
+  // by the clock, a pass is under way, or one started or ended since `heartbeat` (updated).
   bool poller_active(std::uint64_t& heartbeat) const;
-  // Progress thread, owner mutex NOT held: sleeps while a poller is active.
-  void park_during_lease(std::uint64_t generation, std::uint64_t& heartbeat);
+  // Progress thread after a park: takes the owner mutex, unless an application thread holds it
+  // while its lease lasts (false).
+  bool take_owner_after_park(std::unique_lock<std::mutex>& lock);
+  // Progress thread, owner mutex NOT held: sleeps while a poller is active, looking again
+  // after `interval`, then at doubling intervals (the last one is left in `interval`).
+  void park_during_lease(std::uint64_t generation, std::uint64_t& heartbeat, Clock::duration& interval);
   // epoll_wait up to `max_wait` (the mutex released), then the ready fds and due timers.
   void epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait);
 
@@ -199,7 +207,8 @@ class Reactor {
   // End of the current poller lease (Clock ticks since its epoch; 0: none). The park
   // mutex only pairs the progress thread's sleep with end_poller_lease() and stop_thread().
   std::atomic<Clock::rep> poller_lease_until_{0};
-  // Passes a poller made (renew_poller_lease(); written under owner_, read by the parked thread).
+  // Poller passes: odd while one is under way, moved by every start and end (written under
+  // owner_, read by the parked thread).
   std::atomic<std::uint64_t> poller_heartbeat_{0};
   // A parked progress thread checks the lease after kFirstParkCheck, then at doubling
   // intervals up to kLastParkCheck: the longest it stays away after a poller stops polling

@@ -745,31 +745,31 @@ TEST_F(ReactorTest, ParkedProgressThreadTakesOverSoonAfterThePollerStopsRenewing
   reactor.remove(p.r);
 }
 
-// A poller renews its lease from its reactor's last clock reading, which may be up to
-// kEpollEvery - 1 passes old; passes that move a stream's data (up to 1 MiB each) outlast the
-// lease that reading gives. While the passes go on, the parked thread stays parked, though
-// the lease looks over; once they stop, it takes over at its next look. A stalled poller is
-// a real lapse (a loaded machine may stall this one): an attempt counts when the thread left
-// the ready fd alone throughout. Before the heartbeat it took the fd in every attempt.
-TEST_F(ReactorTest, ParkedProgressThreadStaysParkedWhileThePollerPassesOnAnOldClockReading) {
+// A parked progress thread, a ready fd and an application thread that calls `beat` (owner
+// mutex held) for 30 ms after a lease of 2 ms: whether the thread left the fd alone. A stalled
+// application thread is a real lapse (a loaded machine may stall this one), so an attempt
+// counts when the fd was left alone throughout; then, the beats stopped, the thread must take
+// over at its next look.
+template <class Beat>
+bool StaysParkedWhileBeating(Reactor& reactor, std::unique_lock<std::mutex>& lock, Beat beat) {
   Pipe p;
   std::atomic<bool> handled{false};
-  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
+  EXPECT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
     p.drain();
     handled = true;
   }));
-  reactor.run_ready(lock);  // the clock reading every renewal below runs from
+  reactor.run_ready(lock);  // the clock reading every renewal runs from
   bool left_alone = false;
   for (int attempt = 0; attempt < 5 && !left_alone; ++attempt) {
     handled = false;
     p.put();
-    reactor.lend_to_poller(2ms);  // the first renewal below already shortens it to the past
+    reactor.lend_to_poller(2ms);
     reactor.start_thread();
     lock.unlock();
-    const auto passes_until = Clock::now() + 30ms;
-    while (Clock::now() < passes_until) {
+    const auto beats_until = Clock::now() + 30ms;
+    while (Clock::now() < beats_until) {
       lock.lock();
-      reactor.renew_poller_lease(200us);
+      beat();
       lock.unlock();
       std::this_thread::yield();
     }
@@ -777,12 +777,56 @@ TEST_F(ReactorTest, ParkedProgressThreadStaysParkedWhileThePollerPassesOnAnOldCl
     if (left_alone) {
       const auto deadline = Clock::now() + 2s;
       while (!handled.load() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
-      EXPECT_TRUE(handled.load()) << "the passes stopped: the thread takes over";
+      EXPECT_TRUE(handled.load()) << "the beats stopped: the thread takes over";
     }
     reactor.stop_thread();
     lock.lock();
   }
-  EXPECT_TRUE(left_alone) << "the progress thread took the ready fd from a poller still passing";
+  reactor.remove(p.r);
+  return left_alone;
+}
+
+// A poller renews its lease from its reactor's last clock reading, which may be up to
+// kEpollEvery - 1 passes old; passes that move a stream's data (up to 1 MiB each) outlast the
+// lease that reading gives. While the passes go on, the parked thread stays parked, though
+// the lease looks over. Before the heartbeat it took the fd in every attempt.
+TEST_F(ReactorTest, ParkedProgressThreadStaysParkedWhileThePollerPassesOnAnOldClockReading) {
+  EXPECT_TRUE(StaysParkedWhileBeating(reactor, lock, [&] { reactor.renew_poller_lease(200us); }))
+      << "the progress thread took the ready fd from a poller still passing";
+}
+
+// A sender's posts that transmit (note_poller_work) count as work like a poller's passes.
+TEST_F(ReactorTest, ParkedProgressThreadStaysParkedWhileTheApplicationPostsWork) {
+  EXPECT_TRUE(StaysParkedWhileBeating(reactor, lock, [&] { reactor.note_poller_work(); }))
+      << "the progress thread took the ready fd from an application thread at work";
+}
+
+// A pass under way keeps the parked thread away, though the lease its last renewal gave ran
+// out long before (a stream's pass of 1 MiB takes some 250 us, past the first look at 200 us;
+// here 30 ms, the owner mutex released mid-pass as an epoll round does). When the pass ends,
+// the thread takes over at its next look.
+TEST_F(ReactorTest, ParkedProgressThreadStaysParkedWhileAPollerPassIsUnderWay) {
+  Pipe p;
+  std::atomic<bool> handled{false};
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
+    p.drain();
+    handled = true;
+  }));
+  reactor.run_ready(lock);
+  reactor.lend_to_poller(2ms);
+  reactor.start_thread();
+  reactor.begin_poller_pass();
+  p.put();
+  lock.unlock();
+  std::this_thread::sleep_for(30ms);
+  EXPECT_FALSE(handled.load()) << "the progress thread took the ready fd from a pass under way";
+  lock.lock();
+  reactor.renew_poller_lease(200us);  // the pass ends; its lease runs from the old reading
+  lock.unlock();
+  const auto deadline = Clock::now() + 2s;
+  while (!handled.load() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(handled.load());
+  lock.lock();
   reactor.remove(p.r);
 }
 
