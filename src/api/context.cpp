@@ -55,7 +55,11 @@ void ContextImpl::poll_pass(std::unique_lock<std::mutex>& lock) {
     reactor.run_once(lock, std::chrono::milliseconds(0));
     return;
   }
-  if (!lock.try_lock()) return;  // the progress thread is at work: nothing to gain
+  if (!lock.try_lock()) {
+    // The progress thread is at work: nothing to gain now, but it parks after its round.
+    reactor.note_poller_waiting();
+    return;
+  }
   reactor.begin_poller_pass();
   reactor.run_once(lock, std::chrono::milliseconds(0));
   reactor.renew_poller_lease(kPollerLease);

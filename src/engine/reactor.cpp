@@ -425,6 +425,8 @@ void Reactor::note_poller_work() {
   poller_heartbeat_.store(poller_heartbeat_.load(std::memory_order_relaxed) + 2, std::memory_order_relaxed);
 }
 
+void Reactor::note_poller_waiting() { poller_heartbeat_.fetch_add(2, std::memory_order_relaxed); }
+
 void Reactor::renew_poller_lease(Clock::duration lease) {
   poller_lease_until_.store((clock_seen_ + lease).time_since_epoch().count(), std::memory_order_relaxed);
   poller_heartbeat_.store((poller_heartbeat_.load(std::memory_order_relaxed) | 1) + 1, std::memory_order_relaxed);

@@ -110,6 +110,9 @@ class Reactor {
   // An application thread did work of its own under the owner mutex (posted and transmitted
   // a work request): while a lease is lent, that keeps a parked progress thread away too.
   void note_poller_work();
+  // A poller found the owner mutex taken (not held): the progress thread, if that is who
+  // holds it, parks after its round instead of keeping the reactor from the poller.
+  void note_poller_waiting();
   void end_poller_lease();
   // When the current lease ends (the epoch when none is lent). Thread-safe.
   Clock::time_point poller_lease_end() const {
@@ -208,7 +211,8 @@ class Reactor {
   // mutex only pairs the progress thread's sleep with end_poller_lease() and stop_thread().
   std::atomic<Clock::rep> poller_lease_until_{0};
   // Poller passes: odd while one is under way, moved by every start and end (written under
-  // owner_, read by the parked thread).
+  // owner_, read by the parked thread), and by a poller that found owner_ taken (a relaxed
+  // add outside owner_: a store under owner_ may overwrite it, which only loses one signal).
   std::atomic<std::uint64_t> poller_heartbeat_{0};
   // A parked progress thread checks the lease after kFirstParkCheck, then at doubling
   // intervals up to kLastParkCheck: the longest it stays away after a poller stops polling

@@ -745,60 +745,51 @@ TEST_F(ReactorTest, ParkedProgressThreadTakesOverSoonAfterThePollerStopsRenewing
   reactor.remove(p.r);
 }
 
-// A parked progress thread, a ready fd and an application thread that calls `beat` (owner
-// mutex held) for 30 ms after a lease of 2 ms: whether the thread left the fd alone. A stalled
-// application thread is a real lapse (a loaded machine may stall this one), so an attempt
-// counts when the fd was left alone throughout; then, the beats stopped, the thread must take
-// over at its next look.
+// A lease already over by the clock, a ready fd, and one `beat` (owner mutex held) right
+// after the progress thread starts: the thread parks on the beat and looks again after
+// kFirstParkCheck (200 us), finds no beat since and takes the fd. Without the heartbeat it
+// took the fd at once. One-sided: a loaded machine only makes the thread later.
 template <class Beat>
-bool StaysParkedWhileBeating(Reactor& reactor, std::unique_lock<std::mutex>& lock, Beat beat) {
+void ExpectOneLookOfParkAfterABeat(Reactor& reactor, std::unique_lock<std::mutex>& lock, Beat beat) {
   Pipe p;
-  std::atomic<bool> handled{false};
-  EXPECT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
+  std::atomic<Clock::rep> handled_at{0};  // 0: not yet
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
     p.drain();
-    handled = true;
+    handled_at = Clock::now().time_since_epoch().count();
   }));
-  reactor.run_ready(lock);  // the clock reading every renewal runs from
-  bool left_alone = false;
-  for (int attempt = 0; attempt < 5 && !left_alone; ++attempt) {
-    handled = false;
-    p.put();
-    reactor.lend_to_poller(2ms);
-    reactor.start_thread();
-    lock.unlock();
-    const auto beats_until = Clock::now() + 30ms;
-    while (Clock::now() < beats_until) {
-      lock.lock();
-      beat();
-      lock.unlock();
-      std::this_thread::yield();
-    }
-    left_alone = !handled.load();
-    if (left_alone) {
-      const auto deadline = Clock::now() + 2s;
-      while (!handled.load() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
-      EXPECT_TRUE(handled.load()) << "the beats stopped: the thread takes over";
-    }
-    reactor.stop_thread();
-    lock.lock();
-  }
+  reactor.run_ready(lock);  // the clock reading a renewal runs from: over by a lease's length
+  std::this_thread::sleep_for(1ms);
+  reactor.lend_to_poller(-1ms);
+  reactor.start_thread();  // it waits for the owner mutex, held here
+  beat();
+  p.put();
+  const Clock::time_point released = Clock::now();
+  lock.unlock();
+  const auto deadline = Clock::now() + 2s;
+  while (handled_at.load() == 0 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  lock.lock();
   reactor.remove(p.r);
-  return left_alone;
+  ASSERT_NE(handled_at.load(), 0) << "no beat since the look: the thread takes over";
+  EXPECT_GE(Clock::time_point(Clock::duration(handled_at.load())) - released, 190us)
+      << "the thread took the fd without a look after the beat";
 }
 
 // A poller renews its lease from its reactor's last clock reading, which may be up to
 // kEpollEvery - 1 passes old; passes that move a stream's data (up to 1 MiB each) outlast the
-// lease that reading gives. While the passes go on, the parked thread stays parked, though
-// the lease looks over. Before the heartbeat it took the fd in every attempt.
-TEST_F(ReactorTest, ParkedProgressThreadStaysParkedWhileThePollerPassesOnAnOldClockReading) {
-  EXPECT_TRUE(StaysParkedWhileBeating(reactor, lock, [&] { reactor.renew_poller_lease(200us); }))
-      << "the progress thread took the ready fd from a poller still passing";
+// lease that reading gives. A renewal counts though the lease it gives is over.
+TEST_F(ReactorTest, PollerRenewalFromAnOldClockReadingParksTheProgressThread) {
+  ExpectOneLookOfParkAfterABeat(reactor, lock, [&] { reactor.renew_poller_lease(200us); });
 }
 
 // A sender's posts that transmit (note_poller_work) count as work like a poller's passes.
-TEST_F(ReactorTest, ParkedProgressThreadStaysParkedWhileTheApplicationPostsWork) {
-  EXPECT_TRUE(StaysParkedWhileBeating(reactor, lock, [&] { reactor.note_poller_work(); }))
-      << "the progress thread took the ready fd from an application thread at work";
+TEST_F(ReactorTest, ApplicationWorkParksTheProgressThread) {
+  ExpectOneLookOfParkAfterABeat(reactor, lock, [&] { reactor.note_poller_work(); });
+}
+
+// A poller that found the owner mutex taken (by the progress thread, at work) says so: the
+// thread parks after its round.
+TEST_F(ReactorTest, PollerWaitingForTheOwnerMutexParksTheProgressThread) {
+  ExpectOneLookOfParkAfterABeat(reactor, lock, [&] { reactor.note_poller_waiting(); });
 }
 
 // A pass under way keeps the parked thread away, though the lease its last renewal gave ran
