@@ -1195,7 +1195,7 @@ TEST(QueuePairEngine, TerminateWaitsForTheFpduOnTheWire) {
 }
 
 TEST(QueuePairEngine, PayloadIsSentFromRegisteredMemoryAndFramingIsBounded) {
-  constexpr std::size_t kSize = 4u << 20;
+  constexpr std::size_t kSize = 8u << 20;
   Peer a(1), b(2);
   Mr src = a.reg(kSize);
   Mr dst = b.reg(kSize);
@@ -1209,7 +1209,7 @@ TEST(QueuePairEngine, PayloadIsSentFromRegisteredMemoryAndFramingIsBounded) {
     const auto* p = static_cast<const std::uint8_t*>(iov[i].iov_base);
     if (p >= src.data && p < src.data + kSize) from_memory += iov[i].iov_len;
   }
-  EXPECT_LE(total, std::size_t{256 * 1024 + 65536});  // a bounded window, not 4 MiB
+  EXPECT_LE(total, std::size_t{1024 * 1024 + 65536});  // a bounded window (1 MiB), not 8 MiB
   EXPECT_GT(from_memory, total * 9 / 10);              // the payload iovecs are the MR itself
   EXPECT_EQ(n % 3, 0u);                                 // prefix, payload, trailer per FPDU
 }
@@ -1221,7 +1221,7 @@ TEST(QueuePairEngine, PayloadIsSentFromRegisteredMemoryAndFramingIsBounded) {
 TEST(QueuePairEngine, SendQueueGrowthUnderAMessageInProgressKeepsItsSges) {
   for (const bool crc : {true, false}) {
     SCOPED_TRACE(crc ? "crc on" : "crc off");
-    constexpr std::size_t kBig = 1u << 20;
+    constexpr std::size_t kBig = 4u << 20;  // four windows
     constexpr std::size_t kSmall = 3000;
     constexpr int kBehind = 40;  // the queue doubles from 4 past 32
     Peer a(1), b(2);
