@@ -299,6 +299,7 @@ run_ucx() {  # group size variant(lo|mr)
   local group=$1 size=$2 variant=$3 test iters warmup keep log spid env=(UCX_TLS=tcp) run_ns=
   if [[ $variant == lo ]]; then env+=(UCX_NET_DEVICES=lo); else run_ns=$netns; fi
   if [[ $group == bw ]]; then
+    # 16 warm-up messages: what peercm perf gives its streams (and its TCP baseline) by default.
     test=tag_bw iters=$(bw_iters "$size") warmup=16 keep=GBps
   else
     test=tag_lat iters=$(lat_iters "$size") warmup=$(($(lat_iters "$size") / 10)) keep=p50_us,mean_us

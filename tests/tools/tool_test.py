@@ -97,7 +97,8 @@ def run_ping(args):
 
 def run_perf(args):
     cmd = [args.peercm, "perf", "--loopback", "--op", args.op, "--mode", args.mode, "--size", str(args.size),
-           "--iters", str(args.iters), "--transport", args.transport, "--json"] + (["--pin"] if args.pin else [])
+           "--iters", str(args.iters), "--transport", args.transport, "--json"] + (["--pin"] if args.pin else []) + \
+          (["--warmup", str(args.warmup)] if args.warmup is not None else [])
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DEADLINE)
     except subprocess.TimeoutExpired:
@@ -123,6 +124,15 @@ def run_perf(args):
             fail(f"{key} = {value!r} is not a positive number")
     if not math.isclose(result["ratio"], result["peercm"] / result["tcp"], rel_tol=1e-6):
         fail("ratio is not peercm/tcp")
+    # The warm-up is run but not measured: lat min(100, iters/10), bw min(16, iters) unless given.
+    default_warmup = min(100, args.iters // 10) if args.mode == "lat" else min(16, args.iters)
+    want_warmup = args.warmup if args.warmup is not None else default_warmup
+    if result.get("warmup") != want_warmup:
+        fail(f"warmup = {result.get('warmup')!r}, expected {want_warmup}")
+    if args.mode == "bw":
+        for side in ("peercm_detail", "tcp_detail"):
+            if result[side]["bytes"] != args.iters * args.size:
+                fail(f"{side}.bytes = {result[side]['bytes']}: the measured bytes are not iters x size")
     # --pin in lat mode adds the TCP ping-pong with both ends on one CPU and the one with both
     # ends busy-polling; nothing else has them.
     extra = args.pin and args.mode == "lat"
@@ -159,6 +169,7 @@ def main():
     perf.add_argument("--iters", type=int, default=200)
     perf.add_argument("--transport", default="iwarp", choices=["iwarp", "roce"])
     perf.add_argument("--pin", action="store_true")
+    perf.add_argument("--warmup", type=int)
     args = parser.parse_args()
     if args.what == "ping":
         run_ping(args)

@@ -7,7 +7,10 @@
 //   lat read:  one RDMA Read of `size` bytes at a time; latency = its completion time.
 //   bw:        a window of outstanding work requests (signaled every 16th). For Send the
 //              receiver keeps kRecvDepth receives posted and returns credits, so the sender
-//              never overruns it (iWARP has no RNR retry).
+//              never overruns it (iWARP has no RNR retry). The warm-up messages go first,
+//              and the clock starts after a round trip behind them (Send, Write) or once they
+//              completed (Read): the pipe is empty when it starts, as after ucx_perftest's
+//              warm-up and barrier.
 // Every run ends with a "fin" Send from the client answered by a "done" Send, so that the
 // server knows the client has finished with its memory.
 //
@@ -70,7 +73,7 @@ constexpr std::uint16_t kDefaultPort = 20050;
 // ends the wait at once through flushed receives).
 constexpr std::chrono::milliseconds kRunTimeout{600000};
 
-enum PerfControl : std::uint32_t { kFin = 1, kDone = 2, kCredit = 3 };
+enum PerfControl : std::uint32_t { kFin = 1, kDone = 2, kCredit = 3, kSync = 4, kSynced = 5 };
 
 // --spin-us: how long idle busy polls spin before yielding (both ends of this process).
 std::optional<std::chrono::microseconds> g_spin;
@@ -265,15 +268,21 @@ void client_finish(Endpoint& ep, Buffers& b) {
   }
 }
 
-// Server: waits for "fin" (the client is done with our memory), answers "done".
+// Server: waits for "fin" (the client is done with our memory), answers "done". A "sync"
+// (after the warm-up of a Write bw run) is answered, its control receive posted again first.
 void server_finish(Endpoint& ep, Buffers& b) {
   Poller poller(ep, kRunTimeout);
   for (;;) {
     for (const WorkCompletion& wc : poller.poll()) {
       if (is_send(wc)) continue;
-      if (control_of(b, wc).kind == kFin) {
+      const std::uint32_t kind = control_of(b, wc).kind;
+      if (kind == kFin) {
         send_control(ep, b, kDone);
         return;
+      }
+      if (kind == kSync && wc.wr_id >= kCtrlWr) {
+        post_ctrl_recv(ep, b, static_cast<std::uint32_t>(wc.wr_id - kCtrlWr));
+        send_control(ep, b, kSynced);
       }
     }
   }
@@ -324,55 +333,98 @@ Measurement client_lat(Endpoint& ep, Buffers& b, const PerfParams& p, const Gran
   return m;
 }
 
-Measurement client_bw(Endpoint& ep, Buffers& b, const PerfParams& p, const Grant& g) {
-  Measurement m;
-  const std::uint64_t total = p.iters;
-  std::uint64_t posted = 0, retired = 0;
-  std::uint64_t credits = p.op == PerfOp::send ? g.recv_depth : ~std::uint64_t{0};
-  // Every `signal_every`-th work request is signaled; at least one of a full window is.
-  const std::uint32_t signal_every = std::min(kSignalEvery, p.window);
-  Poller poller(ep);
-  const auto t0 = Clock::now();
-  while (retired < total) {
-    while (posted < total && credits > 0 && posted - retired < p.window) {
-      const std::uint64_t id = ++posted;
-      const std::uint32_t flags = (id % signal_every == 0 || id == total) ? std::uint32_t{kSendSignaled} : 0u;
-      switch (p.op) {
-        case PerfOp::send:
-          ep.post_send(b.tx, 0, p.size, id, flags);
-          --credits;
-          break;
-        case PerfOp::write: ep.post_write(b.tx, 0, p.size, g.addr, g.rkey, id, flags); break;
-        case PerfOp::read: ep.post_read(b.rx, 0, p.size, g.addr, g.rkey, id, flags); break;
+// The client's side of a bw run: keeps the window full within the server's credits.
+class BwStream {
+ public:
+  BwStream(Endpoint& ep, Buffers& b, const PerfParams& p, const Grant& g)
+      : ep_(ep),
+        b_(b),
+        p_(p),
+        g_(g),
+        credits_(p.op == PerfOp::send ? g.recv_depth : ~std::uint64_t{0}),
+        // Every `signal_every_`-th work request is signaled; at least one of a full window is.
+        signal_every_(std::min(kSignalEvery, p.window)),
+        poller_(ep) {}
+
+  // Posts `count` more messages and returns once each has completed here.
+  void run(std::uint64_t count) {
+    const std::uint64_t last = posted_ + count;
+    while (retired_ < last) {
+      while (posted_ < last && credits_ > 0 && posted_ - retired_ < p_.window) {
+        const std::uint64_t id = ++posted_;
+        const std::uint32_t flags = (id % signal_every_ == 0 || id == last) ? std::uint32_t{kSendSignaled} : 0u;
+        switch (p_.op) {
+          case PerfOp::send:
+            ep_.post_send(b_.tx, 0, p_.size, id, flags);
+            --credits_;
+            break;
+          case PerfOp::write: ep_.post_write(b_.tx, 0, p_.size, g_.addr, g_.rkey, id, flags); break;
+          case PerfOp::read: ep_.post_read(b_.rx, 0, p_.size, g_.addr, g_.rkey, id, flags); break;
+        }
       }
-    }
-    for (const WorkCompletion& wc : poller.poll()) {
-      if (is_send(wc)) {
-        if (wc.wr_id < kCtrlWr) retired = std::max(retired, wc.wr_id);
-        continue;
-      }
-      const Control c = control_of(b, wc);
-      if (c.kind == kCredit) credits += c.value;
-      post_ctrl_recv(ep, b, static_cast<std::uint32_t>(wc.wr_id - kCtrlWr));
+      poll_once();
     }
   }
+
+  // Send, Write: "sync" behind the data and its answer; the server has every byte after it.
+  void sync() {
+    const bool takes_receive = p_.op == PerfOp::send;  // the sync consumes one of the credited receives
+    while (takes_receive && credits_ == 0) poll_once();
+    if (takes_receive) --credits_;
+    send_control(ep_, b_, kSync);
+    while (!synced_) poll_once();
+  }
+
+  // Sends "fin" and waits for "done" (with a credit in hand for Send: the fin takes a receive).
+  void finish() {
+    while (p_.op == PerfOp::send && credits_ == 0) poll_once();
+    client_finish(ep_, b_);
+  }
+
+ private:
+  void poll_once() {
+    for (const WorkCompletion& wc : poller_.poll()) {
+      if (is_send(wc)) {
+        if (wc.wr_id < kCtrlWr) retired_ = std::max(retired_, wc.wr_id);
+        continue;
+      }
+      const Control c = control_of(b_, wc);
+      if (c.kind == kCredit) credits_ += c.value;
+      if (c.kind == kSynced) synced_ = true;
+      post_ctrl_recv(ep_, b_, static_cast<std::uint32_t>(wc.wr_id - kCtrlWr));
+    }
+  }
+
+  Endpoint& ep_;
+  Buffers& b_;
+  const PerfParams& p_;
+  const Grant& g_;
+  std::uint64_t posted_ = 0;
+  std::uint64_t retired_ = 0;
+  std::uint64_t credits_;
+  std::uint32_t signal_every_;
+  bool synced_ = false;
+  Poller poller_;
+};
+
+Measurement client_bw(Endpoint& ep, Buffers& b, const PerfParams& p, const Grant& g) {
+  Measurement m;
+  BwStream stream(ep, b, p, g);
+  if (p.warmup > 0) {
+    stream.run(p.warmup);
+    if (p.op != PerfOp::read) stream.sync();  // a completed Read has all its bytes here
+  }
+  const auto t0 = Clock::now();
+  stream.run(p.iters);
   if (p.op == PerfOp::read) {
     m.seconds = std::chrono::duration<double>(Clock::now() - t0).count();  // every byte is here
     client_finish(ep, b);
   } else {
     // Sends and writes have left; the data is all at the server once it answers "fin".
-    while (p.op == PerfOp::send && credits == 0) {
-      for (const WorkCompletion& wc : poller.poll()) {
-        if (is_send(wc)) continue;
-        const Control c = control_of(b, wc);
-        if (c.kind == kCredit) credits += c.value;
-        post_ctrl_recv(ep, b, static_cast<std::uint32_t>(wc.wr_id - kCtrlWr));
-      }
-    }
-    client_finish(ep, b);
+    stream.finish();
     m.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  m.bytes = total * p.size;
+  m.bytes = p.iters * p.size;
   return m;
 }
 
@@ -424,19 +476,23 @@ void server_lat(Endpoint& ep, Buffers& b, const PerfParams& p, const Hello& h) {
 }
 
 void server_bw_send(Endpoint& ep, Buffers& b, const PerfParams& p) {
+  // Receives arrive in order: the warm-up messages, their sync, the measured ones, the fin.
+  const std::uint64_t sync_at = p.warmup > 0 ? p.warmup + 1 : 0;
+  const std::uint64_t before_fin = p.warmup + p.iters + (sync_at > 0 ? 1 : 0);
   std::uint64_t received = 0;
   std::uint32_t since_credit = 0;
   Poller poller(ep);
-  while (received < p.iters) {
+  while (received < before_fin) {
     for (const WorkCompletion& wc : poller.poll()) {
       if (is_send(wc)) continue;
       ++received;
       ep.post_recv(b.rx, 0, b.cap, received);
-      if (received > p.iters) {  // the fin, in the same batch as the last messages
+      if (received > before_fin) {  // the fin, in the same batch as the last messages
         send_control(ep, b, kDone);
         return;
       }
-      if (++since_credit == kCreditBatch && received < p.iters) {
+      if (received == sync_at) send_control(ep, b, kSynced);
+      if (++since_credit == kCreditBatch && received < before_fin) {
         send_control(ep, b, kCredit, since_credit);
         since_credit = 0;
       }
@@ -589,9 +645,10 @@ PerfParams params_from(const PerfOptions& o) {
       p.iters = std::clamp<std::uint64_t>((1ull << 30) / p.size, 256, 100000);
     }
   }
-  p.warmup = o.warmup >= 0 ? static_cast<std::uint32_t>(o.warmup)
-                           : static_cast<std::uint32_t>(std::min<std::uint64_t>(100, p.iters / 10));
-  if (p.mode == PerfMode::bw) p.warmup = 0;
+  // bw: 16 messages, the warm-up the side-by-side suite gives ucx_perftest (-w 16).
+  const std::uint64_t default_warmup = p.mode == PerfMode::lat ? std::min<std::uint64_t>(100, p.iters / 10)
+                                                               : std::min<std::uint64_t>(16, p.iters);
+  p.warmup = o.warmup >= 0 ? static_cast<std::uint32_t>(o.warmup) : static_cast<std::uint32_t>(default_warmup);
   return p;
 }
 
@@ -644,8 +701,8 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
       out[fmt::format("ratio_{}", extra.key)] = value > 0 ? peercm / value : 0.0;
       out[fmt::format("tcp_{}_detail", extra.key)] = detail_json(p, **extra.measurement);
     }
+    out["warmup"] = p.warmup;
     if (p.mode == PerfMode::lat) {
-      out["warmup"] = p.warmup;
       out["statistic"] = p.op == PerfOp::read ? "median completion time" : "median one-way (RTT/2)";
     } else {
       out["window"] = p.window;
@@ -674,8 +731,9 @@ void print_results(const PerfOptions& o, const PerfParams& p, const Results& r) 
       fmt::print("  {:<18} {:>10.2f}\n", extra.ratio_label, value > 0 ? peercm / value : 0.0);
     }
   } else {
-    fmt::print("peercm perf: {} bw, {} B x {} ({:.1f} MB), window {}, progress {}, crc {}\n", to_string(p.op), p.size,
-               p.iters, static_cast<double>(p.size) * static_cast<double>(p.iters) / 1e6, p.window, o.progress, crc);
+    fmt::print("peercm perf: {} bw, {} B x {} ({:.1f} MB, +{} warm-up), window {}, progress {}, crc {}\n",
+               to_string(p.op), p.size, p.iters, static_cast<double>(p.size) * static_cast<double>(p.iters) / 1e6,
+               p.warmup, p.window, o.progress, crc);
     fmt::print("  {:<18} {:>10.1f} MB/s ({:.3f} s)\n", "peercm", peercm, r.peercm.seconds);
     fmt::print("  {:<18} {:>10.1f} MB/s ({:.3f} s)\n", "tcp", tcp, r.tcp.seconds);
     fmt::print("  {:<18} {:>10.2f}\n", "ratio peercm/tcp", ratio);
@@ -788,7 +846,9 @@ void add_perf(CLI::App& app) {
   cmd->add_option("--mode", o->mode, "lat (latency) or bw (bandwidth)")->check(CLI::IsMember({"lat", "bw"}));
   cmd->add_option("--size", o->size, "Message size in bytes")->check(CLI::Range(1u, kMaxSize));
   cmd->add_option("--iters", o->iters, "Iterations (lat) or messages (bw); 0: automatic");
-  cmd->add_option("--warmup", o->warmup, "lat: warm-up iterations (-1: min(100, iters/10))");
+  cmd->add_option("--warmup", o->warmup,
+                  "warm-up iterations (lat) or messages (bw), not measured (-1: lat min(100, iters/10), bw "
+                  "min(16, iters))");
   cmd->add_option("--window", o->window, "bw: outstanding work requests")->check(CLI::Range(1u, kMaxWindow));
   cmd->add_option("--crc", o->crc, "MPA CRC: on (required) or off (default: the library's preference)")
       ->check(CLI::IsMember({"on", "off"}));

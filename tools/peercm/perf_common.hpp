@@ -20,7 +20,7 @@ struct PerfParams {
   PerfMode mode = PerfMode::lat;
   std::uint32_t size = 8;
   std::uint64_t iters = 0;   // measured iterations (lat) or messages (bw)
-  std::uint32_t warmup = 0;  // lat: iterations before the measured ones
+  std::uint32_t warmup = 0;  // iterations (lat) or messages (bw) before the measured ones
   std::uint32_t window = 64; // bw: outstanding work requests
 };
 

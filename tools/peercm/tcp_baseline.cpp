@@ -165,15 +165,21 @@ Measurement tcp_client(Socket& socket, const PerfParams& p, TcpWait wait) {
     }
     return m;
   }
+  // The warm-up messages, then the measured ones; each batch ends with a round trip, so the
+  // clock starts with nothing in flight (as the peercm run's does).
+  const auto batch = [&](std::uint64_t messages) {
+    if (p.op == PerfOp::read) {
+      write_all(fd, request, 1);
+      drain(fd, buffer, messages * p.size);
+    } else {
+      for (std::uint64_t i = 0; i < messages; ++i) write_all(fd, buffer.data(), p.size);
+      read_all(fd, request, 1);  // the server has everything
+    }
+  };
+  if (p.warmup > 0) batch(p.warmup);
   const std::uint64_t total = p.iters * p.size;
   const auto t0 = Clock::now();
-  if (p.op == PerfOp::read) {
-    write_all(fd, request, 1);
-    drain(fd, buffer, total);
-  } else {
-    for (std::uint64_t i = 0; i < p.iters; ++i) write_all(fd, buffer.data(), p.size);
-    read_all(fd, request, 1);  // the server has everything
-  }
+  batch(p.iters);
   m.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   m.bytes = total;
   return m;
@@ -189,12 +195,17 @@ void tcp_server(Socket& socket, const PerfParams& p, TcpWait wait) {
                wait);
       write_all(fd, buffer.data(), p.size);
     }
-  } else if (p.op == PerfOp::read) {
-    read_all(fd, request, 1);
-    for (std::uint64_t i = 0; i < p.iters; ++i) write_all(fd, buffer.data(), p.size);
   } else {
-    drain(fd, buffer, p.iters * p.size);
-    write_all(fd, request, 1);
+    for (const std::uint64_t messages : {std::uint64_t{p.warmup}, p.iters}) {
+      if (messages == 0) continue;
+      if (p.op == PerfOp::read) {
+        read_all(fd, request, 1);
+        for (std::uint64_t i = 0; i < messages; ++i) write_all(fd, buffer.data(), p.size);
+      } else {
+        drain(fd, buffer, messages * p.size);
+        write_all(fd, request, 1);
+      }
+    }
   }
   // Wait for the client to close first so that nothing is cut off by a reset.
   std::uint8_t byte;
