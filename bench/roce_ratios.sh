@@ -12,7 +12,11 @@ peercm=${PEERCM:-./build/release/tools/peercm/peercm}
 [[ -x $peercm ]] || { cmake --preset release >/dev/null && cmake --build --preset release --target peercm_tool >/dev/null; }
 
 value() {  # perf args... -> the peercm figure
-  "$peercm" perf --loopback --json "$@" | python3 -c 'import json,sys; print(json.load(sys.stdin)["peercm"])'
+  # The run's output is parsed after it ends: a python started beside it (a pipe) would take
+  # a CPU from the measured run for its first ~50 ms.
+  local out
+  out=$("$peercm" perf --loopback --json "$@")
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["peercm"])' <<<"$out"
 }
 
 figure() {  # name target compare args...
