@@ -60,7 +60,7 @@ namespace {
 
 constexpr std::uint32_t kHelloMagic = 0x46504350;   // "PCPF"
 constexpr std::uint32_t kAcceptMagic = 0x41504350;  // "PCPA"
-constexpr std::uint8_t kVersion = 1;
+constexpr std::uint8_t kVersion = 2;  // 2: streams begin with warm-up messages and a sync
 constexpr std::uint32_t kMaxSize = 1u << 30;
 constexpr std::uint32_t kMaxWindow = 1024;
 constexpr std::uint32_t kSignalEvery = 16;
@@ -507,7 +507,8 @@ PerfParams serve_peercm(Device& device, EventStash& stash, CmEvent request) {
   std::unique_ptr<CmId> id = std::move(request.new_id);
   if (!hello) {
     [[maybe_unused]] auto r = id->reject();
-    throw ToolError(fmt::format("rejected {}: malformed perf request", format_address(id->peer_address())));
+    throw ToolError(fmt::format("rejected {}: malformed perf request, or one from another version of peercm perf",
+                                format_address(id->peer_address())));
   }
   const PerfParams& p = hello->params;
   Endpoint ep(device, std::move(id), perf_config(p), &stash);
