@@ -81,27 +81,23 @@ figure() {  # mode size op crc
     fi
     python3 - "$mode" "$work/u" "$work/p" >>"$work/pairs.txt" <<'PY'
 import json, sys
+sys.path.insert(0, "bench")
+from side_by_side_report import parse_ucx  # the suite's reading of ucx_perftest -f -v
 mode, ucx_file, peercm_file = sys.argv[1:]
-header = row = None
-for line in open(ucx_file, errors="replace"):
-    line = line.strip()
-    if line.startswith("iterations,"):
-        header = line.split(",")
-    elif header and line[:1].isdigit():
-        values = line.split(",")
-        if len(values) >= len(header):
-            row = dict(zip(header, values))
+try:
+    ucx = {stat: value for _, stat, value, _, _ in parse_ucx(open(ucx_file, errors="replace").read(), "ucx", 0)}
+except (ValueError, StopIteration, KeyError):
+    ucx = None
 try:
     peercm = json.load(open(peercm_file))["peercm"]
 except (ValueError, KeyError):
     peercm = None
-if row is None or peercm is None:
+if ucx is None or peercm is None:
     print("nan nan")  # a failed run: the pair is dropped
 elif mode == "lat":
-    p50 = next(k for k in header if "percentile" in k or k == "typical_lat")
-    print(float(row[p50]), peercm)
+    print(ucx["p50_us"], peercm)
 else:
-    print(float(row["overall_bw"]) * 1048576 / 1e9, peercm / 1000)  # GB/s
+    print(ucx["GBps"], peercm / 1000)  # GB/s
 PY
   done
   python3 - "$mode" "$size" "$op" "$crc" "$pairs" "$work/pairs.txt" <<'PY'
@@ -134,6 +130,8 @@ wins = sum(better(r) for r in ratios)
 target = "<= 1" if mode == "lat" else ">= 1"
 if crc == "on":
     verdict = "information (CRC on; UCX carries none)"
+elif k == 0:
+    verdict = "too few pairs for a 95 % interval (at least 6)"
 elif better(high) and better(low):
     verdict = "met (whole interval)"
 elif better(median):
