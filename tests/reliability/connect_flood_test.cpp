@@ -169,11 +169,12 @@ TEST_F(ConnectFlood, BacklogHoldsMemoryIsBoundedAndLegitimateClientsGetIn) {
   EXPECT_LE(peak.handshaking, static_cast<std::size_t>(kBacklog));
   EXPECT_LE(peak.fds - before.fds, 2u + kBacklog + 4u);
   // Bounded memory: a full backlog of handshakes and one legitimate connection, as measured
-  // above, plus what the churn of legitimate connections holds for a moment (events queued on
-  // both channels, the previous connection's last buffers while it closes: 10.9 KiB once, in
-  // an ASan run on a loaded machine); 10,000 connects kept would need 10,000 handshakes' worth.
-  constexpr std::int64_t kChurnSlack = 32 * 1024;
-  EXPECT_LE(peak.heap - before.heap, kBacklog * per_handshake + legitimate_cost + std::max(kHeapSlack, kChurnSlack))
+  // above, plus what the churn of legitimate connections holds for a moment: the previous
+  // connection still closing while the next one is set up, at most one more legitimate
+  // connection (ASan runs on a loaded machine peaked 10.9 KiB and 33.0 KiB over the backlog
+  // and one connection). 10,000 connects kept would need 10,000 handshakes' worth, some 220
+  // times this bound.
+  EXPECT_LE(peak.heap - before.heap, kBacklog * per_handshake + 2 * legitimate_cost + kHeapSlack)
       << per_handshake << " B per handshake";
   // The window holds 16 times the backlog in silent connections: legitimate clients get in
   // because a silent handshake gives way to a newcomer. Measured: more than 95% of them, and
