@@ -49,7 +49,7 @@ trap 'rm -rf "$work"' EXIT
 read -r cpu_a cpu_b < <(python3 -c 'import os; c = sorted(os.sched_getaffinity(0)); print(c[0], c[1 % len(c)])')
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-ucx_run() {  # mode size -> file
+ucx_run() {  # mode size -> $work/ucx.txt
   local mode=$1 size=$2 test iters
   if [[ $mode == lat ]]; then test=tag_lat iters=5000; else test=tag_bw iters=$(((256 << 20) / size)); fi
   UCX_TLS=tcp UCX_NET_DEVICES=lo timeout 60 taskset -c "$cpu_a" ucx_perftest -p "$port" >/dev/null 2>&1 &
@@ -60,7 +60,7 @@ ucx_run() {  # mode size -> file
   wait "$server" 2>/dev/null || true
 }
 
-peercm_run() {  # mode size op crc
+peercm_run() {  # mode size op crc -> $work/peercm.json
   local mode=$1 size=$2 op=$3 crc=$4 iters=5000
   [[ $mode == bw ]] && iters=$(((256 << 20) / size))
   timeout 120 "$peercm" perf --loopback --pin --json --mode "$mode" --size "$size" --op "$op" --crc "$crc" \
@@ -73,13 +73,13 @@ figure() {  # mode size op crc
   : >"$work/pairs.txt"
   for ((i = 1; i <= pairs; i++)); do
     if ((i % 2)); then
-      ucx_run "$mode" "$size"; cp "$work/ucx.txt" "$work/u"
-      peercm_run "$mode" "$size" "$op" "$crc"; cp "$work/peercm.json" "$work/p"
+      ucx_run "$mode" "$size"
+      peercm_run "$mode" "$size" "$op" "$crc"
     else
-      peercm_run "$mode" "$size" "$op" "$crc"; cp "$work/peercm.json" "$work/p"
-      ucx_run "$mode" "$size"; cp "$work/ucx.txt" "$work/u"
+      peercm_run "$mode" "$size" "$op" "$crc"
+      ucx_run "$mode" "$size"
     fi
-    python3 - "$mode" "$work/u" "$work/p" >>"$work/pairs.txt" <<'PY'
+    python3 - "$mode" "$work/ucx.txt" "$work/peercm.json" >>"$work/pairs.txt" <<'PY'
 import json, sys
 sys.path.insert(0, "bench")
 from side_by_side_report import parse_ucx  # the suite's reading of ucx_perftest -f -v

@@ -368,20 +368,24 @@ class BwStream {
 
   // Send, Write: "sync" behind the data and its answer; the server has every byte after it.
   void sync() {
-    const bool takes_receive = p_.op == PerfOp::send;  // the sync consumes one of the credited receives
-    while (takes_receive && credits_ == 0) poll_once();
-    if (takes_receive) --credits_;
+    await_credit();
+    if (p_.op == PerfOp::send) --credits_;  // the sync consumes one of the credited receives
     send_control(ep_, b_, kSync);
     while (!synced_) poll_once();
   }
 
   // Sends "fin" and waits for "done" (with a credit in hand for Send: the fin takes a receive).
   void finish() {
-    while (p_.op == PerfOp::send && credits_ == 0) poll_once();
+    await_credit();
     client_finish(ep_, b_);
   }
 
  private:
+  // Send: a control message takes one of the server's receives, so one must be credited.
+  void await_credit() {
+    while (p_.op == PerfOp::send && credits_ == 0) poll_once();
+  }
+
   void poll_once() {
     for (const WorkCompletion& wc : poller_.poll()) {
       if (is_send(wc)) {
