@@ -4,9 +4,11 @@
 // send() into the socket's pages and recv() out of them. On CPUs whose `rep movsb` slows down
 // when the destination lies 1-15 bytes past the source modulo 4096 (4K aliasing of the
 // loads and stores), those copies run several times slower for some offsets between the
-// application's buffer and the kernel's pages. Which offset a stream gets depends on what its
-// thread sent before (the kernel's per-thread page fragment) and on the buffer's address, so
-// a run of any stack can fall into the slow case for its whole length.
+// application's buffer and the kernel's pages. The kernel fills its pages from the sending
+// thread's page fragment, in the stream's order, so a buffer at an unlucky page offset streams
+// slowly for as long as it is used (loopback_stream_phases: +4090 at 0.4x of +0). The slow
+// runs every stack shows in about a quarter of its samples are something else: phases of the
+// host that slow every offset alike (loopback_stream_phases again).
 //
 //   socket_copy_alignment [REPS] [OFFSET...]
 //
