@@ -535,10 +535,10 @@ def report(dirpath):
         md.append(f"| {name} | {fmt(val)} | {res} |")
     passed = sum(1 for _, _, r in targets if r.startswith("PASS"))
     md.append(f"\n{passed} of {len(targets)} target checks pass.\n")
-    md.append("The checks against UCX compare medians of samples taken minutes apart, on a host whose speed "
-              "moves between minutes; where one misses by a few per cent, `bench/paired_vs_ucx.sh` decides "
-              "in order-alternating pairs, and its `--null` run (UCX against UCX) shows how far noise alone "
-              "moves such a ratio.\n")
+    md.append("The checks against UCX and libfabric compare medians of samples taken minutes apart, on a host "
+              "whose speed moves between minutes; where one misses by a few per cent, `bench/paired_ratios.sh "
+              "--against ucx|libfabric` decides in order-alternating pairs, and its `--null` run (the other "
+              "stack against itself) shows how far noise alone moves such a ratio.\n")
     md.append("![ratios to raw TCP](plot.png)\n")
     if dropped:
         md.append(f"{len(dropped)} samples had no result (a tool failed or timed out) and are not in "
