@@ -9,13 +9,11 @@
 // slow phase of the host shows in every offset at once while a slow offset would show alone.
 //
 //   loopback_stream_phases [SLICES] [OFFSET...]     (default: 48 slices; offsets 0 16 2048 4090)
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include "loopback_pair.hpp"
+
 #include <pthread.h>
 #include <sched.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -50,16 +48,6 @@ void pin_to_allowed_cpu(int index) {
   ::pthread_setaffinity_np(::pthread_self(), sizeof one, &one);
 }
 
-std::uint8_t* touched_area(std::size_t size) {
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    std::perror("mmap");
-    std::exit(1);
-  }
-  std::memset(p, 1, size);
-  return static_cast<std::uint8_t*>(p);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,25 +60,15 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  const int sender = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || ::listen(listener, 1) != 0 ||
-      ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
-      ::connect(sender, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    std::perror("loopback connection");
-    return 1;
-  }
-  const int receiver = ::accept(listener, nullptr, nullptr);
+  const peercm::bench::LoopbackPair pair = peercm::bench::connect_loopback_pair();
+  const int sender = pair.sender;
+  const int receiver = pair.receiver;
   const std::uint64_t total = static_cast<std::uint64_t>(slices) * kSlice;
 
   std::atomic<bool> receive_failed{false};
   std::thread receiving([&] {
     pin_to_allowed_cpu(0);
-    std::uint8_t* into = touched_area(kMessage);
+    std::uint8_t* into = peercm::bench::touched_area(kMessage);
     std::uint64_t got = 0;
     while (got < total) {
       const ssize_t n = ::recv(receiver, into, kMessage, MSG_DONTWAIT);
@@ -104,7 +82,7 @@ int main(int argc, char** argv) {
   });
 
   pin_to_allowed_cpu(1);
-  std::uint8_t* area = touched_area(kMessage + 4096);
+  std::uint8_t* area = peercm::bench::touched_area(kMessage + 4096);
   std::printf("slice  offset  GB/s\n");
   for (int slice = 0; slice < slices && !receive_failed; ++slice) {
     const int offset = offsets[static_cast<std::size_t>(slice) % offsets.size()];
@@ -129,8 +107,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "loopback_stream_phases: the receiver lost the connection\n");
     return 1;
   }
-  ::close(sender);
-  ::close(receiver);
-  ::close(listener);
+  pair.close_all();
   return 0;
 }

@@ -17,11 +17,7 @@
 // and its TCP path are timed), then recv() of the queued 1 MiB (only the receiver's copy is
 // timed) into a buffer at -OFFSET's page offset when OFFSET < 0, else at 0. Prints the best
 // rate of each.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "loopback_pair.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -40,16 +36,6 @@ constexpr std::size_t kArea = 4 << 20;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::uint8_t* touched_area() {
-  void* p = ::mmap(nullptr, kArea, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    std::perror("mmap");
-    std::exit(1);
-  }
-  std::memset(p, 1, kArea);
-  return static_cast<std::uint8_t*>(p);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,24 +44,11 @@ int main(int argc, char** argv) {
   for (int i = 2; i < argc; ++i) offsets.push_back(std::atoi(argv[i]));
   if (offsets.empty()) offsets = {0, 16, 64, 4080, 4084, 4088, 4092, -4, -8, -12, -16};
 
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  const int buffer_size = 4 << 20;
-  const int sender = ::socket(AF_INET, SOCK_STREAM, 0);
-  ::setsockopt(sender, SOL_SOCKET, SO_SNDBUF, &buffer_size, sizeof buffer_size);
-  if (::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || ::listen(listener, 1) != 0 ||
-      ::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0 ||
-      ::connect(sender, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    std::perror("loopback connection");
-    return 1;
-  }
-  const int receiver = ::accept(listener, nullptr, nullptr);
-  ::setsockopt(receiver, SOL_SOCKET, SO_RCVBUF, &buffer_size, sizeof buffer_size);
-  std::uint8_t* source = touched_area();
-  std::uint8_t* destination = touched_area();
+  const peercm::bench::LoopbackPair pair = peercm::bench::connect_loopback_pair(4 << 20);
+  const int sender = pair.sender;
+  const int receiver = pair.receiver;
+  std::uint8_t* source = peercm::bench::touched_area(kArea);
+  std::uint8_t* destination = peercm::bench::touched_area(kArea);
 
   std::printf("%-8s %14s %14s\n", "offset", "send GB/s", "recv GB/s");
   for (const int offset : offsets) {
@@ -100,8 +73,6 @@ int main(int argc, char** argv) {
     const std::string label = offset >= 0 ? "send+" + std::to_string(offset) : "recv+" + std::to_string(-offset);
     std::printf("%-8s %14.2f %14.2f\n", label.c_str(), kMessage / best_send / 1e9, kMessage / best_recv / 1e9);
   }
-  ::close(sender);
-  ::close(receiver);
-  ::close(listener);
+  pair.close_all();
   return 0;
 }
