@@ -83,30 +83,31 @@ int main(int argc, char** argv) {
 
   pin_to_allowed_cpu(1);
   std::uint8_t* area = peercm::bench::touched_area(kMessage + 4096);
+  bool send_failed = false;
   std::printf("slice  offset  GB/s\n");
-  for (int slice = 0; slice < slices && !receive_failed; ++slice) {
+  for (int slice = 0; slice < slices && !send_failed && !receive_failed; ++slice) {
     const int offset = offsets[static_cast<std::size_t>(slice) % offsets.size()];
     const std::uint8_t* from = area + offset;
     const auto start = Clock::now();
-    for (std::size_t sent_in_slice = 0; sent_in_slice < kSlice && !receive_failed;) {
+    for (std::size_t sent_in_slice = 0; sent_in_slice < kSlice && !send_failed && !receive_failed;) {
       const std::size_t at = sent_in_slice % kMessage;
       const ssize_t n = ::send(sender, from + at, kMessage - at, MSG_DONTWAIT);
       if (n > 0) {
         sent_in_slice += static_cast<std::size_t>(n);
       } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
         std::perror("send");
-        return 1;
+        send_failed = true;
       }
     }
+    if (send_failed || receive_failed) break;
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     std::printf("%5d  %6d  %5.2f\n", slice, offset, static_cast<double>(kSlice) / seconds / 1e9);
     std::fflush(stdout);
   }
+  // A sender that stopped early ends the receiver's wait with EOF.
+  if (send_failed) ::shutdown(sender, SHUT_WR);
   receiving.join();
-  if (receive_failed) {
-    std::fprintf(stderr, "loopback_stream_phases: the receiver lost the connection\n");
-    return 1;
-  }
   pair.close_all();
-  return 0;
+  if (receive_failed && !send_failed) std::fprintf(stderr, "loopback_stream_phases: the receiver lost the connection\n");
+  return send_failed || receive_failed ? 1 : 0;
 }
