@@ -1,6 +1,7 @@
 #include <cerrno>
 
 #include "api/queue_pair_impl.hpp"
+#include "engine/log.hpp"
 
 namespace peercm {
 namespace detail {
@@ -161,6 +162,8 @@ Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   if (impl_->send_direct && impl_->send_direct(wr)) return {};
   auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine.post_send(wr);
   if (posted && impl_->kick_transmit) impl_->kick_transmit();
+  if (posted && log::enabled(log::Level::debug) && !impl_->roce && impl_->engine.transmit_fenced())
+    log::debug("qp", "QP {}: send WR {} held until the initiator's first FPDU arrives", impl_->qp_num, wr.wr_id);
   return posted;
 }
 
