@@ -570,13 +570,6 @@ enum {
 };
 #endif
 
-enum ibv_rereg_mr_flags {
-	IBV_REREG_MR_CHANGE_TRANSLATION = (1 << 0),
-	IBV_REREG_MR_CHANGE_PD = (1 << 1),
-	IBV_REREG_MR_CHANGE_ACCESS = (1 << 2),
-	IBV_REREG_MR_FLAGS_SUPPORTED = ((IBV_REREG_MR_CHANGE_ACCESS << 1) - 1),
-};
-
 struct ibv_mr {
 	struct ibv_context *context;
 	struct ibv_pd *pd;
@@ -1763,11 +1756,33 @@ enum ibv_qp_attach_comp_cntr_op {
 	IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE = 1 << 5,
 };
 
-/* Completion counters: ibv_query_comp_cntr_caps reports none (all zeros). */
+/* Completion counters: ibv_query_comp_cntr_caps reports none (all zeros), and
+ * ibv_create_comp_cntr fails with EOPNOTSUPP. */
 struct ibv_comp_cntr_caps {
 	uint64_t max_value;
 	uint32_t max_counters;
 	uint32_t supported_qp_attach_ops; /* enum ibv_qp_attach_comp_cntr_op */
+};
+
+struct ibv_comp_cntr {
+	struct ibv_context *context;
+	uint32_t handle;
+};
+
+enum ibv_comp_cntr_type {
+	IBV_COMP_CNTR_TYPE_WRS,
+	IBV_COMP_CNTR_TYPE_BYTES,
+};
+
+struct ibv_comp_cntr_init_attr {
+	uint32_t comp_mask;
+	enum ibv_comp_cntr_type type;
+	uint32_t flags;
+};
+
+struct ibv_qp_attach_comp_cntr_attr {
+	uint32_t comp_mask;
+	uint32_t op_mask; /* enum ibv_qp_attach_comp_cntr_op */
 };
 
 enum ibv_parent_domain_init_attr_mask {
@@ -1921,6 +1936,19 @@ static inline uint32_t ibv_inc_rkey(uint32_t rkey)
 	/* The low byte is the key the consumer owns; it wraps within itself. */
 	return (rkey & 0xffffff00u) | ((rkey + 1) & 0xffu);
 }
+struct ibv_comp_cntr *ibv_create_comp_cntr(struct ibv_context *context, struct ibv_comp_cntr_init_attr *cc_attr);
+int ibv_destroy_comp_cntr(struct ibv_comp_cntr *comp_cntr);
+int ibv_set_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t value);
+int ibv_set_err_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t value);
+int ibv_inc_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t amount);
+int ibv_inc_err_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t amount);
+int ibv_read_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t *value);
+int ibv_read_err_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t *value);
+int ibv_qp_attach_comp_cntr(struct ibv_qp *qp, struct ibv_comp_cntr *comp_cntr,
+			    struct ibv_qp_attach_comp_cntr_attr *attr);
+/* Enhanced connection establishment (an IB CM option): EOPNOTSUPP. */
+int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece);
+int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece);
 struct ibv_wq *ibv_create_wq(struct ibv_context *context, struct ibv_wq_init_attr *wq_init_attr);
 int ibv_modify_wq(struct ibv_wq *wq, struct ibv_wq_attr *wq_attr);
 int ibv_destroy_wq(struct ibv_wq *wq);

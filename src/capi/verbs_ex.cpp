@@ -120,7 +120,7 @@ SendWr* begin_wr(ibv_qp_ex* qp, std::uint64_t op_flag, WrOpcode opcode) {
   wr.wr_id = qp->wr_id;
   wr.opcode = opcode;
   wr.flags = qp->wr_flags & (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE);
-  if (qp->wr_flags & IBV_SEND_IP_CSUM) record_error(state, EINVAL);  // no checksum offload
+  // IBV_SEND_IP_CSUM (checksum offload for UD and raw QPs) is dropped, as ibv_post_send drops it.
   return &wr;
 }
 
@@ -522,6 +522,23 @@ ibv_mr* ibv_reg_buf_mr(ibv_pd* pd, ibv_buf*, void*, size_t, int) {
 ibv_mw* ibv_alloc_mw(ibv_pd* pd, ibv_mw_type) { return fail_null<ibv_mw>(pd ? EOPNOTSUPP : EINVAL); }
 int ibv_dealloc_mw(ibv_mw* mw) { return mw ? EOPNOTSUPP : EINVAL; }
 int ibv_bind_mw(ibv_qp* qp, ibv_mw* mw, ibv_mw_bind*) { return qp && mw ? EOPNOTSUPP : EINVAL; }
+
+ibv_comp_cntr* ibv_create_comp_cntr(ibv_context* context, ibv_comp_cntr_init_attr*) {
+  return fail_null<ibv_comp_cntr>(context ? EOPNOTSUPP : EINVAL);
+}
+int ibv_destroy_comp_cntr(ibv_comp_cntr* counter) { return counter ? EOPNOTSUPP : EINVAL; }
+int ibv_set_comp_cntr(ibv_comp_cntr* counter, uint64_t) { return counter ? EOPNOTSUPP : EINVAL; }
+int ibv_set_err_comp_cntr(ibv_comp_cntr* counter, uint64_t) { return counter ? EOPNOTSUPP : EINVAL; }
+int ibv_inc_comp_cntr(ibv_comp_cntr* counter, uint64_t) { return counter ? EOPNOTSUPP : EINVAL; }
+int ibv_inc_err_comp_cntr(ibv_comp_cntr* counter, uint64_t) { return counter ? EOPNOTSUPP : EINVAL; }
+int ibv_read_comp_cntr(ibv_comp_cntr* counter, uint64_t*) { return counter ? EOPNOTSUPP : EINVAL; }
+int ibv_read_err_comp_cntr(ibv_comp_cntr* counter, uint64_t*) { return counter ? EOPNOTSUPP : EINVAL; }
+int ibv_qp_attach_comp_cntr(ibv_qp* qp, ibv_comp_cntr*, ibv_qp_attach_comp_cntr_attr*) {
+  return qp ? EOPNOTSUPP : EINVAL;
+}
+
+int ibv_set_ece(ibv_qp* qp, ibv_ece* ece) { return qp && ece ? EOPNOTSUPP : EINVAL; }
+int ibv_query_ece(ibv_qp* qp, ibv_ece* ece) { return qp && ece ? EOPNOTSUPP : EINVAL; }
 
 ibv_wq* ibv_create_wq(ibv_context* context, ibv_wq_init_attr*) {
   return fail_null<ibv_wq>(context ? EOPNOTSUPP : EINVAL);

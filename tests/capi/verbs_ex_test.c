@@ -248,6 +248,8 @@ static void check_unsupported(struct ibv_context *verbs, struct ibv_pd *pd, stru
 	struct ibv_sge sge = { .addr = 0, .length = 0, .lkey = 0 };
 	union ibv_gid gid;
 	struct ibv_comp_cntr_caps cntr;
+	struct ibv_comp_cntr_init_attr cntr_attr = { .type = IBV_COMP_CNTR_TYPE_WRS };
+	struct ibv_ece ece = { .vendor_id = 0x02c9, .options = 1 };
 
 #define CHECK_NULL_EOPNOTSUPP(call)             \
 	do {                                    \
@@ -264,6 +266,7 @@ static void check_unsupported(struct ibv_context *verbs, struct ibv_pd *pd, stru
 	CHECK_NULL_EOPNOTSUPP(ibv_create_wq(verbs, &wq_attr));
 	CHECK_NULL_EOPNOTSUPP(ibv_create_rwq_ind_table(verbs, &table_attr));
 	CHECK_NULL_EOPNOTSUPP(ibv_alloc_null_mr(pd));
+	CHECK_NULL_EOPNOTSUPP(ibv_create_comp_cntr(verbs, &cntr_attr));
 #undef CHECK_NULL_EOPNOTSUPP
 	memset(&gid, 0, sizeof gid);
 	gid.raw[0] = 0xff;
@@ -273,6 +276,8 @@ static void check_unsupported(struct ibv_context *verbs, struct ibv_pd *pd, stru
 	CHECK_EQ(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sge, 1), EOPNOTSUPP);
 	CHECK_EQ(ibv_query_comp_cntr_caps(verbs, &cntr), 0);
 	CHECK_EQ(cntr.max_counters, 0);
+	CHECK_EQ(ibv_set_ece(qp, &ece), EOPNOTSUPP);
+	CHECK_EQ(ibv_query_ece(qp, &ece), EOPNOTSUPP);
 }
 
 static void check_refusals(struct ibv_context *verbs, struct ibv_pd *pd, struct ibv_cq *cq)
