@@ -215,5 +215,9 @@ void fill_route(rdma_cm_id* id);
 void detach_from_id(ibv_qp* qp);
 // verbs_api.cpp, for the extended CQ's poll (verbs_ex.cpp).
 ibv_wc to_ibv_wc(const WorkCompletion& in);
+// verbs_ex.cpp, for ibv_create_qp_ex and rdma_create_qp_ex: whether the context's QPs can
+// offer these ibv_wr_* operations, and turning a new QP into an ibv_qp_ex offering them.
+bool send_ops_supported(const ibv_context* context, std::uint64_t send_ops);
+void make_qp_extended(ibv_qp* qp, std::uint64_t send_ops);
 
 }  // namespace peercm::capi

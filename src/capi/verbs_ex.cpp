@@ -267,15 +267,49 @@ int wr_complete(ibv_qp_ex* qp) {
 
 void wr_abort(ibv_qp_ex* qp) { reset_batch(qp_state(qp)); }
 
-// What ibv_create_qp_ex accepts in send_ops_flags, and so what the QP's builders do.
-std::uint64_t supported_send_ops(const ibv_context* context) {
+}  // namespace
+
+// What ibv_create_qp_ex and rdma_create_qp_ex accept in send_ops_flags, and so what the
+// QP's builders do: no atomics, memory windows, local invalidation, TSO or flush.
+bool send_ops_supported(const ibv_context* context, std::uint64_t send_ops) {
   std::uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_RDMA_WRITE |
                       IBV_QP_EX_WITH_RDMA_READ;
   if (runs_roce(context)) ops |= IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
-  return ops;
+  return (send_ops & ~ops) == 0;
 }
 
-}  // namespace
+void make_qp_extended(ibv_qp* qp, std::uint64_t send_ops) {
+  QpShell* shell = reinterpret_cast<QpShell*>(qp);
+  shell->state->extended = true;
+  shell->state->send_ops = send_ops;
+  ibv_qp_ex& ex = shell->ex;
+  ex.comp_mask = 0;
+  ex.wr_id = 0;
+  ex.wr_flags = 0;
+  ex.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
+  ex.wr_atomic_fetch_add = wr_atomic_fetch_add;
+  ex.wr_bind_mw = wr_bind_mw;
+  ex.wr_local_inv = wr_local_inv;
+  ex.wr_rdma_read = wr_rdma_read;
+  ex.wr_rdma_write = wr_rdma_write;
+  ex.wr_rdma_write_imm = wr_rdma_write_imm;
+  ex.wr_send = wr_send;
+  ex.wr_send_imm = wr_send_imm;
+  ex.wr_send_inv = wr_send_inv;
+  ex.wr_send_tso = wr_send_tso;
+  ex.wr_set_ud_addr = wr_set_ud_addr;
+  ex.wr_set_xrc_srqn = wr_set_xrc_srqn;
+  ex.wr_set_inline_data = wr_set_inline_data;
+  ex.wr_set_inline_data_list = wr_set_inline_data_list;
+  ex.wr_set_sge = wr_set_sge;
+  ex.wr_set_sge_list = wr_set_sge_list;
+  ex.wr_start = wr_start;
+  ex.wr_complete = wr_complete;
+  ex.wr_abort = wr_abort;
+  ex.wr_atomic_write = wr_atomic_write;
+  ex.wr_flush = wr_flush;
+}
+
 }  // namespace peercm::capi
 
 using namespace peercm;
@@ -405,40 +439,12 @@ ibv_qp* ibv_create_qp_ex(ibv_context* context, ibv_qp_init_attr_ex* attr) {
   if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd) return fail_null<ibv_qp>(EINVAL);
   if (attr->pd->context != context) return fail_null<ibv_qp>(EINVAL);
   const bool extended = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
-  if (extended && (attr->send_ops_flags & ~supported_send_ops(context))) return fail_null<ibv_qp>(EOPNOTSUPP);
+  if (extended && !send_ops_supported(context, attr->send_ops_flags)) return fail_null<ibv_qp>(EOPNOTSUPP);
   // The leading members of ibv_qp_init_attr_ex are an ibv_qp_init_attr (rdma-core relies
   // on the same); the caller learns its capabilities through them.
   ibv_qp* qp = ibv_create_qp(attr->pd, reinterpret_cast<ibv_qp_init_attr*>(attr));
   if (!qp || !extended) return qp;
-  QpShell* shell = reinterpret_cast<QpShell*>(qp);
-  shell->state->extended = true;
-  shell->state->send_ops = attr->send_ops_flags;
-  ibv_qp_ex& ex = shell->ex;
-  ex.comp_mask = 0;
-  ex.wr_id = 0;
-  ex.wr_flags = 0;
-  ex.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
-  ex.wr_atomic_fetch_add = wr_atomic_fetch_add;
-  ex.wr_bind_mw = wr_bind_mw;
-  ex.wr_local_inv = wr_local_inv;
-  ex.wr_rdma_read = wr_rdma_read;
-  ex.wr_rdma_write = wr_rdma_write;
-  ex.wr_rdma_write_imm = wr_rdma_write_imm;
-  ex.wr_send = wr_send;
-  ex.wr_send_imm = wr_send_imm;
-  ex.wr_send_inv = wr_send_inv;
-  ex.wr_send_tso = wr_send_tso;
-  ex.wr_set_ud_addr = wr_set_ud_addr;
-  ex.wr_set_xrc_srqn = wr_set_xrc_srqn;
-  ex.wr_set_inline_data = wr_set_inline_data;
-  ex.wr_set_inline_data_list = wr_set_inline_data_list;
-  ex.wr_set_sge = wr_set_sge;
-  ex.wr_set_sge_list = wr_set_sge_list;
-  ex.wr_start = wr_start;
-  ex.wr_complete = wr_complete;
-  ex.wr_abort = wr_abort;
-  ex.wr_atomic_write = wr_atomic_write;
-  ex.wr_flush = wr_flush;
+  make_qp_extended(qp, attr->send_ops_flags);
   return qp;
 }
 

@@ -10,7 +10,8 @@
  *   flow steering, multicast, memory windows, work queues): NULL with errno EOPNOTSUPP or
  *   EOPNOTSUPP returned.
  * - over a real connection (the client's QP made by ibv_create_qp_ex and named by qp_num in
- *   rdma_connect, as rping -q does): Sends (an SGE, inline data copied at the builder call),
+ *   rdma_connect, as rping -q does; the server's by rdma_create_qp_ex with send_ops_flags,
+ *   as perftest -R does): Sends (an SGE, inline data copied at the builder call),
  *   an RDMA Write of two SGEs, an RDMA Read, built with ibv_wr_* and posted by
  *   ibv_wr_complete; completions read with ibv_start_poll / ibv_next_poll / ibv_end_poll and
  *   the ibv_wc_read_* accessors on both sides; a batch with an operation the QP was not made
@@ -172,10 +173,40 @@ static void make_resources(struct endpoint *e, uint64_t send_ops)
 				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)) != NULL);
 }
 
+/* The server's QP: rdma_create_qp_ex with send_ops_flags makes the id's QP an extended one. */
+static void make_server_resources(struct endpoint *e)
+{
+	struct ibv_qp_init_attr_ex attr;
+
+	CHECK((e->pd = ibv_alloc_pd(e->id->verbs)) != NULL);
+	e->cq = make_cq(e->id->verbs);
+	memset(&attr, 0, sizeof attr);
+	attr.send_cq = attr.recv_cq = ibv_cq_ex_to_cq(e->cq);
+	attr.qp_type = IBV_QPT_RC;
+	attr.cap.max_send_wr = attr.cap.max_recv_wr = 16;
+	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+	attr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	attr.pd = e->pd;
+	attr.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP;
+	errno = 0;
+	CHECK_EQ(rdma_create_qp_ex(e->id, &attr), -1);
+	CHECK_EQ(errno, EOPNOTSUPP);
+	CHECK(e->id->qp == NULL);
+	attr.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	CHECK_EQ(rdma_create_qp_ex(e->id, &attr), 0);
+	e->qp = e->id->qp;
+	CHECK(ibv_qp_to_qp_ex(e->qp) != NULL);
+	CHECK((e->mr = ibv_reg_mr(e->pd, e, sizeof *e,
+				  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)) != NULL);
+}
+
 static void free_resources(struct endpoint *e)
 {
 	CHECK_EQ(ibv_dereg_mr(e->mr), 0);
-	CHECK_EQ(ibv_destroy_qp(e->qp), 0);
+	if (e->id->qp == e->qp)
+		rdma_destroy_qp(e->id);
+	else
+		CHECK_EQ(ibv_destroy_qp(e->qp), 0);
 	CHECK_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(e->cq)), 0);
 	CHECK_EQ(ibv_dealloc_pd(e->pd), 0);
 }
@@ -409,6 +440,18 @@ static void offline_checks(void)
 	attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
 	CHECK((plain = ibv_create_qp(pd, &attr)) != NULL);
 	CHECK(ibv_qp_to_qp_ex(plain) == NULL); /* made without send_ops_flags */
+	{
+		struct ibv_qp_init_attr_ex pd_only;
+		struct ibv_qp *qp;
+
+		memset(&pd_only, 0, sizeof pd_only);
+		memcpy(&pd_only, &attr, sizeof attr);
+		pd_only.comp_mask = IBV_QP_INIT_ATTR_PD;
+		pd_only.pd = pd;
+		CHECK((qp = ibv_create_qp_ex(verbs, &pd_only)) != NULL);
+		CHECK(ibv_qp_to_qp_ex(qp) == NULL);
+		CHECK_EQ(ibv_destroy_qp(qp), 0);
+	}
 	memset(&attr_ex, 0, sizeof attr_ex);
 	memcpy(&attr_ex, &attr, sizeof attr);
 	attr_ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
@@ -465,8 +508,7 @@ static int server(int port_fd)
 
 	CHECK((e.cm = rdma_create_event_channel()) != NULL);
 	e.id = take_one_request(e.cm, &server_address, port_fd, &listener);
-	/* Receives only: an ordinary QP through ibv_create_qp_ex (PD mask only). */
-	make_resources(&e, 0);
+	make_server_resources(&e);
 	post_receives(&e);
 	fill_pattern(e.readable, LEN, 3);
 	exposed.target = (uintptr_t)e.target;
@@ -476,7 +518,6 @@ static int server(int port_fd)
 	param.private_data = &exposed;
 	param.private_data_len = sizeof exposed;
 	param.responder_resources = param.initiator_depth = 1;
-	param.qp_num = e.qp->qp_num;
 	CHECK_EQ(rdma_accept(e.id, &param), 0);
 	CHECK_EQ(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_ESTABLISHED)), 0);
 
@@ -497,6 +538,21 @@ static int server(int port_fd)
 		CHECK(wc.wc_flags & IBV_WC_WITH_IMM);
 		CHECK_EQ(wc.imm_data, 0x0a0b0c0d);
 		CHECK_EQ(wc.byte_len, 0);
+	}
+	/* The answer, built on the QP rdma_create_qp_ex made. */
+	{
+		struct ibv_qp_ex *qpx = ibv_qp_to_qp_ex(e.qp);
+
+		ibv_wr_start(qpx);
+		qpx->wr_id = 50;
+		qpx->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_send(qpx);
+		ibv_wr_set_inline_data(qpx, (void *)"bye", 3);
+		CHECK_EQ(ibv_wr_complete(qpx), 0);
+		poll_ex(e.cq, &wc, 1);
+		CHECK_EQ(wc.status, IBV_WC_SUCCESS);
+		CHECK_EQ(wc.wr_id, 50);
+		CHECK_EQ(wc.opcode, IBV_WC_SEND);
 	}
 
 	CHECK_EQ(rdma_ack_cm_event(expect_event(e.cm, RDMA_CM_EVENT_DISCONNECTED)), 0);
@@ -617,6 +673,9 @@ static void client_exchange(struct endpoint *e, const struct region *remote)
 		CHECK_EQ(ibv_wr_complete(qpx), 0);
 		expect_sent(e, 10, IBV_WC_SEND);
 	}
+	/* The server's answer lands in the receive posted before connecting. */
+	expect_recv(e, 100, 3);
+	CHECK(memcmp(e->inbox[0], "bye", 3) == 0);
 }
 
 int main(void)
@@ -650,6 +709,12 @@ int main(void)
 	CHECK((e.cm = rdma_create_event_channel()) != NULL);
 	e.id = resolve_towards(e.cm, &server_address);
 	make_resources(&e, send_ops);
+	{
+		struct ibv_sge sge = { .addr = (uintptr_t)e.inbox[0], .length = LEN, .lkey = e.mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = 100, .sg_list = &sge, .num_sge = 1 }, *bad;
+
+		CHECK_EQ(ibv_post_recv(e.qp, &wr, &bad), 0);
+	}
 	memset(&param, 0, sizeof param);
 	param.responder_resources = param.initiator_depth = 1;
 	param.qp_num = e.qp->qp_num;
