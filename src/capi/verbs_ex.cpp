@@ -2,13 +2,11 @@
 // (ibv_create_cq_ex, start/next/end_poll and the ibv_wc_read_* accessors), the extended QP
 // (ibv_create_qp_ex and the ibv_wr_* builders, posted through the QP's ordinary post path),
 // ibv_create_srq_ex / ibv_get_srq_num, and the calls for what peercm has not (XRC, multicast,
-// flow steering, device memory, parent and thread domains, memory windows, work queues),
-// which fail as rdma-core does for a provider without the feature.
-#include <endian.h>
+// flow steering, device memory, parent and thread domains, memory windows, work queues,
+// completion counters, ECE), which fail as rdma-core does for a provider without the feature.
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
