@@ -843,7 +843,7 @@ struct ibv_rx_hash_conf {
 };
 
 /* ibv_create_qp_ex / rdma_create_qp_ex: comp_mask may carry IBV_QP_INIT_ATTR_PD and
- * IBV_QP_INIT_ATTR_SEND_OPS_FLAGS (ibv_create_qp_ex only); the other masks are EOPNOTSUPP. */
+ * IBV_QP_INIT_ATTR_SEND_OPS_FLAGS; the other masks are EOPNOTSUPP. */
 struct ibv_qp_init_attr_ex {
 	void *qp_context;
 	struct ibv_cq *send_cq;
