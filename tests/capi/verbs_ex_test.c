@@ -319,6 +319,32 @@ static void check_refusals(struct ibv_context *verbs, struct ibv_pd *pd, struct 
 	struct ibv_srq *srq, *other;
 	uint32_t number = 0, other_number = 0;
 
+	/* A channel, a context and the flags hints pass through to the CQ. */
+	{
+		struct ibv_comp_channel *channel;
+		struct ibv_cq_ex *cqx;
+		struct ibv_poll_cq_attr poll_attr = { .comp_mask = 0 };
+
+		CHECK((channel = ibv_create_comp_channel(verbs)) != NULL);
+		memset(&cq_attr, 0, sizeof cq_attr);
+		cq_attr.cqe = 4;
+		cq_attr.cq_context = &cq_attr;
+		cq_attr.channel = channel;
+		cq_attr.wc_flags = IBV_WC_EX_WITH_BYTE_LEN;
+		cq_attr.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+		cq_attr.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+		CHECK((cqx = ibv_create_cq_ex(verbs, &cq_attr)) != NULL);
+		CHECK(ibv_cq_ex_to_cq(cqx)->channel == channel);
+		CHECK(ibv_cq_ex_to_cq(cqx)->cq_context == &cq_attr);
+		CHECK_EQ(ibv_req_notify_cq(ibv_cq_ex_to_cq(cqx), 0), 0);
+		CHECK_EQ(ibv_start_poll(cqx, &poll_attr), ENOENT);
+		poll_attr.comp_mask = 1;
+		CHECK_EQ(ibv_start_poll(cqx, &poll_attr), EINVAL);
+		CHECK_EQ(ibv_destroy_comp_channel(channel), EBUSY);
+		CHECK_EQ(ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)), 0);
+		CHECK_EQ(ibv_destroy_comp_channel(channel), 0);
+	}
+
 	memset(&cq_attr, 0, sizeof cq_attr);
 	cq_attr.cqe = 4;
 	cq_attr.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
