@@ -1,7 +1,7 @@
-/* The rsocket calls of librdmacm. peercm's rsockets are the kernel's TCP sockets under these
- * names: a byte stream over TCP is what an rsocket gives, so programs written against them
- * run unchanged, without RDMA underneath. The RDMA-only extensions (riomap, riowrite) fail
- * with ENOSYS; SOL_RDMA options are accepted and have no effect. */
+/* The rsocket calls of librdmacm. peercm's rsockets run over the kernel's TCP: a connected
+ * rsocket carries framed messages, and an agent thread of the process places riowrite()
+ * bytes in riomap()ped memory with no call on the receiving side (docs/c-api.md "rsockets").
+ * SOL_RDMA options are accepted and have no effect. */
 #ifndef PEERCM_RSOCKET_H
 #define PEERCM_RSOCKET_H
 
