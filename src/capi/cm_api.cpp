@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "api/event_channel_impl.hpp"
+#include "api/port_reservation.hpp"
 #include "capi/handles.hpp"
 
 namespace peercm::capi {
@@ -417,8 +418,10 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
   if (!id) return fail_errno(EINVAL);
   auto address = ipv4(addr);
   if (!address) return fail_errno(address.error());
-  if (auto bound = st(id).cpp->bind(*address); !bound) return fail_errno(bound.error());
-  std::memcpy(&id->route.addr.src_sin, &*address, sizeof *address);
+  // The port is the id's from here on (EADDRINUSE now, not at rdma_listen), as with the
+  // kernel's rdma_cm; port 0 takes a free one, which rdma_get_src_port() then reads.
+  if (auto bound = detail::bind_reserving_port(*st(id).cpp, *address); !bound) return fail_errno(bound.error());
+  fill_route(id);
   bind_to_device(id);
   return 0;
 }
@@ -433,6 +436,9 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
     if (rdma_bind_addr(id, src_addr) != 0) return -1;
   }
   std::memcpy(&id->route.addr.dst_sin, &*destination, sizeof *destination);
+  // An unbound id is bound now, to the route's source and a free port, as rdma_cm binds it.
+  // Should that fail, resolve_addr() reports the destination's problem as ADDR_ERROR.
+  (void)detail::bind_source_towards(*state.cpp, *destination);
   auto started = state.cpp->resolve_addr(*destination, milliseconds(std::max(timeout_ms, 0)));
   if (started) bind_to_device(id);
   return finish(id, started);
