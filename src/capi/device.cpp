@@ -17,6 +17,7 @@
 #include <cstring>
 #include <iterator>
 
+#include "api/context_impl.hpp"
 #include "capi/handles.hpp"
 #include "peercm/version.hpp"
 
@@ -52,18 +53,41 @@ void free_pd(ibv_pd* pd) {
 struct CmDevices {
   std::mutex mutex;
   std::array<ibv_context*, 2> contexts{};  // by Transport; guarded by `mutex`
-  // Contexts a fork() child inherited: their progress threads stayed in the parent, so the
-  // child opens its own and never touches these (kept reachable, never freed).
-  std::vector<ibv_context*> left_by_fork;
-
+  // fork(): the contexts' progress threads pause across it, so that no lock they might hold
+  // (an allocator's, ASan's among them) is copied into the child held by a thread the child
+  // does not have. The child leaves the contexts to its parent.
   CmDevices() {
-    ::pthread_atfork([] { g_cm().mutex.lock(); }, [] { g_cm().mutex.unlock(); },
-                     [] {
-                       CmDevices& cm = g_cm();
-                       for (ibv_context*& context : cm.contexts)
-                         if (context) cm.left_by_fork.push_back(std::exchange(context, nullptr));
-                       cm.mutex.unlock();
-                     });
+    ::pthread_atfork(
+        [] {
+          CmDevices& cm = g_cm();
+          cm.mutex.lock();
+          cm.for_each_threaded([](detail::ContextImpl& impl) { impl.reactor.stop_thread(); });
+        },
+        [] {
+          CmDevices& cm = g_cm();
+          cm.for_each_threaded([](detail::ContextImpl& impl) { impl.reactor.start_thread(); });
+          cm.mutex.unlock();
+        },
+        [] {
+          CmDevices& cm = g_cm();
+          for (ibv_context*& context : cm.contexts)
+            if (context) left_by_fork().push_back(std::exchange(context, nullptr));
+          cm.mutex.unlock();
+        });
+  }
+
+  template <class F>
+  void for_each_threaded(F&& f) {
+    for (ibv_context* context : contexts)
+      if (context && cpp_context(context).progress_mode() == ProgressMode::thread) f(cpp_context(context).impl());
+  }
+
+  // Contexts a fork() child inherited: their progress threads stayed in the parent, so the
+  // child opens its own and never touches these. Never freed, and held by a plain pointer
+  // that static destruction leaves alone, so they stay reachable at exit (no false leak).
+  static std::vector<ibv_context*>& left_by_fork() {
+    static auto* contexts = new std::vector<ibv_context*>;
+    return *contexts;
   }
 
   // Process exit (or the library's unloading): the process's hold on each context goes. A
