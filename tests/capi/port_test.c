@@ -113,6 +113,18 @@ static int server(int port_fd)
 		CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_ESTABLISHED)) == 0);
 		CHECK_EQ(ntohs(rdma_get_src_port(id)), port);
 		CHECK_EQ(rdma_get_dst_port(id), client_port);
+		if (i == 1) {
+			/* A server restarted on its port binds it again while a connection its old
+			 * listener accepted still runs on it (over iWARP, a TCP socket on the port). */
+			struct sockaddr_in same = server_address;
+
+			same.sin_port = htons(port);
+			CHECK(rdma_destroy_id(listener) == 0);
+			listener = new_id(cm);
+			CHECK(rdma_bind_addr(listener, (struct sockaddr *)&same) == 0);
+			CHECK(rdma_listen(listener, 4) == 0);
+			CHECK_EQ(ntohs(rdma_get_src_port(listener)), port);
+		}
 		CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_DISCONNECTED)) == 0);
 		rdma_destroy_qp(id);
 		CHECK(rdma_destroy_id(id) == 0);
