@@ -453,7 +453,8 @@ CmId::~CmId() {
     impl_->listen_fd = -1;
     // The context outlives its listeners (the C API keeps it for the process): it stops
     // advertising a port nobody listens on.
-    if (impl_->bound_address && ctx->p2p_listen_port == ntohs(impl_->bound_address->sin_port)) ctx->p2p_listen_port = 0;
+    if (impl_->bound_address && ctx->p2p_listen_port == ntohs(impl_->bound_address->sin_port))
+      ctx->p2p_listen_port = 0;
   }
   qp = std::move(impl_->qp);
   impl_->qp_impl.reset();
@@ -517,7 +518,8 @@ Status<std::errc> CmId::listen(int backlog) {
   }
   // A port rdma_bind_addr reserved is listened on where it is bound.
   const bool reserved = impl.reserved_fd >= 0;
-  const int fd = reserved ? std::exchange(impl.reserved_fd, -1) : ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int fd = reserved ? std::exchange(impl.reserved_fd, -1)
+                          : ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(static_cast<std::errc>(errno));
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
