@@ -78,6 +78,7 @@ CmIdImpl::~CmIdImpl() {
     ctx->reactor.remove(listen_fd);
     ::close(listen_fd);
   }
+  if (reserved_fd >= 0) ::close(reserved_fd);
 }
 
 void CmIdImpl::emit(CmEventType type, int status, ConnParam param, RejectReason reason) {
@@ -457,6 +458,10 @@ CmId::~CmId() {
     ctx->reactor.remove(impl_->listen_fd);
     ::close(impl_->listen_fd);
     impl_->listen_fd = -1;
+    // The context outlives its listeners (the C API keeps it for the process): it stops
+    // advertising a port nobody listens on.
+    if (impl_->bound_address && ctx->p2p_listen_port == ntohs(impl_->bound_address->sin_port))
+      ctx->p2p_listen_port = 0;
   }
   qp = std::move(impl_->qp);
   impl_->qp_impl.reset();
@@ -518,14 +523,18 @@ Status<std::errc> CmId::listen(int backlog) {
     impl.backlog = backlog <= 0 ? SOMAXCONN : backlog;
     return detail::roce::listen(impl);
   }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  // A port rdma_bind_addr reserved is listened on where it is bound.
+  const bool reserved = impl.reserved_fd >= 0;
+  const int fd = reserved ? std::exchange(impl.reserved_fd, -1)
+                          : ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(static_cast<std::errc>(errno));
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   detail::set_socket_options(fd);  // inherited by every accepted socket
   sockaddr_in address = impl.bound_address.value_or(sockaddr_in{.sin_family = AF_INET});
   if (backlog <= 0) backlog = SOMAXCONN;
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 || ::listen(fd, backlog) != 0) {
+  if ((!reserved && ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0) ||
+      ::listen(fd, backlog) != 0) {
     const int err = errno;
     ::close(fd);
     return fail(static_cast<std::errc>(err));
@@ -636,7 +645,8 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
   impl.state = detail::CmIdImpl::State::connecting;
   auto conn = detail::Connection::open(impl.ctx, impl.destination, impl.bound_address,
                                        impl.mpa_config(param.responder_resources, param.initiator_depth),
-                                       std::move(private_data), impl.connection_callbacks(link_id));
+                                       std::move(private_data), impl.connection_callbacks(link_id),
+                                       std::exchange(impl.reserved_fd, -1));
   if (!conn) {
     impl.state = detail::CmIdImpl::State::route_resolved;
     impl.end_p2p();

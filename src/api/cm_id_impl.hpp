@@ -75,6 +75,9 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   std::uint32_t tag = 0;
 
   std::optional<sockaddr_in> bound_address;
+  // The port rdma_bind_addr took (api/port_reservation.hpp). iWARP: a TCP socket bound to
+  // bound_address, which listen() listens on and connect() connects from.
+  int reserved_fd = -1;
   sockaddr_in destination{};
   sockaddr_in peer{};
 
@@ -114,6 +117,10 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   std::uint16_t roce_listen_port = 0;
   std::uint32_t roce_psn = 0;  // our first request PSN
   ConnParam roce_param;        // the resources connect()/accept() offered
+  // The service port this id holds in the device's port space (bind or resolve_addr), at
+  // roce_reserved_address (host order; RoceDevice::kAnyAddress for INADDR_ANY). 0: none.
+  std::uint16_t roce_reserved_service = 0;
+  std::uint32_t roce_reserved_address = 0;
 };
 
 }  // namespace peercm::detail

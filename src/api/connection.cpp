@@ -83,11 +83,11 @@ Result<std::shared_ptr<Connection>, std::errc> Connection::open(std::shared_ptr<
                                                                 const std::optional<sockaddr_in>& source,
                                                                 const core::MpaConfig& config,
                                                                 std::vector<std::uint8_t> request_private_data,
-                                                                Callbacks callbacks) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+                                                                Callbacks callbacks, int bound_fd) {
+  const int fd = bound_fd >= 0 ? bound_fd : ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(static_cast<std::errc>(errno));
   set_socket_options(fd);
-  if (source) {
+  if (source && bound_fd < 0) {
     sockaddr_in src = *source;
     src.sin_port = 0;  // the listener's port stays the listener's
     if (::bind(fd, reinterpret_cast<const sockaddr*>(&src), sizeof src) != 0) {

@@ -36,13 +36,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(std::shared_ptr<ContextImpl> ctx, int fd, Callbacks callbacks);
   ~Connection();
 
-  // Active open: a non-blocking connect to `destination`, then the MPA Request.
+  // Active open: a non-blocking connect to `destination`, then the MPA Request. It leaves from
+  // `bound_fd` when given (a TCP socket already bound to the id's port, which the connection
+  // then owns), else from a new socket on `source`'s address and a free port.
   static Result<std::shared_ptr<Connection>, std::errc> open(std::shared_ptr<ContextImpl> ctx,
                                                              const sockaddr_in& destination,
                                                              const std::optional<sockaddr_in>& source,
                                                              const core::MpaConfig& config,
                                                              std::vector<std::uint8_t> request_private_data,
-                                                             Callbacks callbacks);
+                                                             Callbacks callbacks, int bound_fd = -1);
   // Passive open: an accepted socket waiting for the MPA Request.
   static Result<std::shared_ptr<Connection>, std::errc> adopt(std::shared_ptr<ContextImpl> ctx, int fd,
                                                               const sockaddr_in& peer, const core::MpaConfig& config,

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "api/event_channel_impl.hpp"
+#include "api/port_reservation.hpp"
 #include "capi/handles.hpp"
 
 namespace peercm::capi {
@@ -103,13 +104,12 @@ void bind_to_device(rdma_cm_id* id) {
 // synchronous listener, becomes synchronous itself) and user context.
 rdma_cm_id* adopt_request(rdma_cm_id* listener, std::unique_ptr<CmId> cpp, const ConnParam& param) {
   IdState& ls = st(listener);
-  ibv_context* context = acquire_cm_context();  // the listener holds it: the same one
+  ibv_context* context = ls.context;  // the listener's device: the transport the request came by
   rdma_event_channel* channel = listener->channel;
   if (ls.sync) {
     channel = new_channel();
     if (!channel || !cpp->migrate(*state_of<EventChannelState>(channel)->cpp)) {
       if (channel) delete_channel(channel);
-      release_cm_context();
       return nullptr;
     }
   }
@@ -320,49 +320,40 @@ const char* rdma_event_str(rdma_cm_event_type event) {
 
 // --- devices as rdma_cm sees them ---
 
+// The contexts the ids share, in ibv_get_device_list()'s order (PEERCM_TRANSPORT's first);
+// they stay open after rdma_free_devices(), as librdmacm's do.
 ibv_context** rdma_get_devices(int* num_devices) {
-  auto** list = static_cast<ibv_context**>(std::calloc(2, sizeof(ibv_context*)));
+  auto** list = static_cast<ibv_context**>(std::calloc(3, sizeof(ibv_context*)));
   if (!list) return nullptr;
-  list[0] = acquire_cm_context();
-  if (!list[0]) {
+  const Transport first = default_transport();
+  list[0] = cm_context(first);
+  list[1] = cm_context(first == Transport::roce ? Transport::iwarp : Transport::roce);
+  if (!list[0] || !list[1]) {
     std::free(list);
     return nullptr;
   }
-  if (num_devices) *num_devices = 1;
+  if (num_devices) *num_devices = 2;
   return list;
 }
 
-void rdma_free_devices(ibv_context** list) {
-  if (!list) return;
-  if (list[0]) release_cm_context();
-  std::free(list);
-}
+void rdma_free_devices(ibv_context** list) { std::free(list); }
 
 // --- ids ---
-
-// PEERCM_TRANSPORT=roce runs a program's ids over RoCEv2 (docs/c-api.md); unset or iwarp:
-// iWARP. Read per id, so a test can switch it between ids.
-static peercm::Transport transport_from_environment() {
-  const char* name = std::getenv("PEERCM_TRANSPORT");
-  return name != nullptr && std::strcmp(name, "roce") == 0 ? peercm::Transport::roce : peercm::Transport::iwarp;
-}
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
   if (!id) return fail_errno(EINVAL);
   if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB) return fail_errno(EPROTONOSUPPORT);  // connected (RC) only
-  ibv_context* device = acquire_cm_context();
+  // PEERCM_TRANSPORT picks the device, hence the transport, as an address picks the device
+  // under librdmacm.
+  ibv_context* device = cm_context(default_transport());
   if (!device) return -1;
   const bool sync = channel == nullptr;
   rdma_event_channel* reports_to = sync ? new_channel() : channel;
-  if (!reports_to) {
-    release_cm_context();
-    return -1;
-  }
+  if (!reports_to) return -1;
   auto cpp = CmId::create(cpp_context(device), *state_of<EventChannelState>(reports_to)->cpp, nullptr,
-                          transport_from_environment());
+                          transport_of(device));
   if (!cpp) {
     if (sync) delete_channel(reports_to);
-    release_cm_context();
     return fail_errno(cpp.error());
   }
   *id = wrap_id(std::move(*cpp), device, reports_to, sync, context, ps);
@@ -393,7 +384,6 @@ int rdma_destroy_id(rdma_cm_id* id) {
   if (state->sync) delete_channel(id->channel);
   delete state;
   delete reinterpret_cast<IdShell*>(id);
-  release_cm_context();
   return 0;
 }
 
@@ -428,8 +418,10 @@ int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
   if (!id) return fail_errno(EINVAL);
   auto address = ipv4(addr);
   if (!address) return fail_errno(address.error());
-  if (auto bound = st(id).cpp->bind(*address); !bound) return fail_errno(bound.error());
-  std::memcpy(&id->route.addr.src_sin, &*address, sizeof *address);
+  // The port is the id's from here on (EADDRINUSE now, not at rdma_listen), as with the
+  // kernel's rdma_cm; port 0 takes a free one, which rdma_get_src_port() then reads.
+  if (auto bound = detail::bind_reserving_port(*st(id).cpp, *address); !bound) return fail_errno(bound.error());
+  fill_route(id);
   bind_to_device(id);
   return 0;
 }
@@ -444,6 +436,9 @@ int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr, in
     if (rdma_bind_addr(id, src_addr) != 0) return -1;
   }
   std::memcpy(&id->route.addr.dst_sin, &*destination, sizeof *destination);
+  // An unbound id is bound now, to the route's source and a free port, as rdma_cm binds it.
+  // Should that fail, resolve_addr() reports the destination's problem as ADDR_ERROR.
+  (void)detail::bind_source_towards(*state.cpp, *destination);
   auto started = state.cpp->resolve_addr(*destination, milliseconds(std::max(timeout_ms, 0)));
   if (started) bind_to_device(id);
   return finish(id, started);

@@ -1,40 +1,44 @@
-// The one device of the C API ("peercm0", an iWARP RNIC), its contexts, and the context
-// that rdma_cm ids share with their per-device protection domain.
+// The C API's two devices, one per transport ("peercm_iw0", an iWARP RNIC, and
+// "peercm_roce0", a RoCEv2 channel adapter), their contexts, and the context of each device
+// that the rdma_cm ids of its transport share, with its per-device protection domain.
+#include <arpa/inet.h>
 #include <endian.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <random>
 
+#include "api/context_impl.hpp"
 #include "capi/handles.hpp"
 #include "peercm/version.hpp"
 
 namespace peercm::capi {
 namespace {
 
-ibv_device make_device() {
+ibv_device make_device(Transport transport) {
   ibv_device device{};
-  device.node_type = IBV_NODE_RNIC;
-  device.transport_type = IBV_TRANSPORT_IWARP;
-  std::strncpy(device.name, "peercm0", sizeof device.name - 1);
-  std::strncpy(device.dev_name, "peercm0", sizeof device.dev_name - 1);
+  const char* name = transport == Transport::roce ? kRoceDeviceName : kIwarpDeviceName;
+  device.node_type = transport == Transport::roce ? IBV_NODE_CA : IBV_NODE_RNIC;
+  device.transport_type = transport == Transport::roce ? IBV_TRANSPORT_IB : IBV_TRANSPORT_IWARP;
+  std::strncpy(device.name, name, sizeof device.name - 1);
+  std::strncpy(device.dev_name, name, sizeof device.dev_name - 1);
   return device;
 }
 
-ibv_device g_device = make_device();
+// Indexed by Transport.
+std::array<ibv_device, 2> g_devices{make_device(Transport::iwarp), make_device(Transport::roce)};
 
-struct CmDevice {
-  std::mutex mutex;
-  ibv_context* context = nullptr;
-  int users = 0;  // rdma_cm ids and rdma_get_devices() lists
-};
-CmDevice g_cm;
+std::size_t index_of(Transport transport) { return transport == Transport::roce ? 1 : 0; }
 
 // Lets a PD that outlived its device's hold go with its last user.
 void free_pd(ibv_pd* pd) {
@@ -44,7 +48,84 @@ void free_pd(ibv_pd* pd) {
   release(context);
 }
 
+// The contexts rdma_cm ids share, one per device, as librdmacm keeps each device it opened
+// until the process exits: an application may keep the PD, CQs and QPs it made on `id->verbs`
+// across ids (cmtime does), so the context must not change under them when its last id goes.
+struct CmDevices {
+  std::mutex mutex;
+  std::array<ibv_context*, 2> contexts{};  // by Transport; guarded by `mutex`
+  // fork(): the contexts' progress threads pause across it, so that no lock they might hold
+  // (an allocator's, ASan's among them) is copied into the child held by a thread the child
+  // does not have. The child leaves the contexts to its parent.
+  CmDevices() {
+    ::pthread_atfork(
+        [] {
+          CmDevices& cm = g_cm();
+          cm.mutex.lock();
+          cm.for_each_threaded([](detail::ContextImpl& impl) { impl.reactor.stop_thread(); });
+        },
+        [] {
+          CmDevices& cm = g_cm();
+          cm.for_each_threaded([](detail::ContextImpl& impl) { impl.reactor.start_thread(); });
+          cm.mutex.unlock();
+        },
+        [] {
+          CmDevices& cm = g_cm();
+          for (ibv_context*& context : cm.contexts)
+            if (context) left_by_fork().push_back(std::exchange(context, nullptr));
+          cm.mutex.unlock();
+        });
+  }
+
+  template <class F>
+  void for_each_threaded(F&& f) {
+    for (ibv_context* context : contexts)
+      if (context && cpp_context(context).progress_mode() == ProgressMode::thread) f(cpp_context(context).impl());
+  }
+
+  // Contexts a fork() child inherited: their progress threads stayed in the parent, so the
+  // child opens its own and never touches these. Never freed, and held by a plain pointer
+  // that static destruction leaves alone, so they stay reachable at exit (no false leak).
+  static std::vector<ibv_context*>& left_by_fork() {
+    static auto* contexts = new std::vector<ibv_context*>;
+    return *contexts;
+  }
+
+  // Process exit (or the library's unloading): the process's hold on each context goes. A
+  // context whose objects are all destroyed closes now (its progress thread is joined); one
+  // the application still holds objects of lives on with them, as a PD it leaks would.
+  ~CmDevices() {
+    for (ibv_context*& slot : contexts) {
+      ibv_context* context = std::exchange(slot, nullptr);
+      if (!context) continue;
+      ibv_pd* default_pd = nullptr;
+      bool free_now = false;
+      {
+        std::lock_guard lock(mutex);
+        default_pd = std::exchange(state_of<ContextState>(context)->default_pd, nullptr);
+        if (default_pd) {
+          PdState* pd = state_of<PdState>(default_pd);
+          free_now = pd->users.load() == 0;
+          pd->orphaned = !free_now;  // else its last user frees it
+        }
+      }
+      if (free_now) free_pd(default_pd);
+      release(context);
+    }
+  }
+
+  static CmDevices& g_cm();
+};
+
+CmDevices g_cm_devices;
+CmDevices& CmDevices::g_cm() { return g_cm_devices; }
+
 }  // namespace
+
+Transport default_transport() {
+  const char* name = std::getenv("PEERCM_TRANSPORT");
+  return name != nullptr && std::strcmp(name, "roce") == 0 ? Transport::roce : Transport::iwarp;
+}
 
 void make_blocking(int fd) {
   const int flags = ::fcntl(fd, F_GETFL);
@@ -56,7 +137,7 @@ bool nonblocking(int fd) {
   return flags >= 0 && (flags & O_NONBLOCK);
 }
 
-ibv_context* open_context() {
+ibv_context* open_context(Transport transport) {
   auto cpp = Context::open();
   if (!cpp) {
     errno = errno_of(cpp.error());
@@ -67,8 +148,9 @@ ibv_context* open_context() {
   auto* shell = new ContextShell{};
   shell->state = new ContextState{};
   shell->state->cpp = std::move(*cpp);
+  shell->state->transport = transport;
   ibv_context& pub = shell->pub;
-  pub.device = &g_device;
+  pub.device = &g_devices[index_of(transport)];
   pub.cmd_fd = -1;
   pub.async_fd = async_fd;
   pub.num_comp_vectors = 1;
@@ -80,6 +162,8 @@ ibv_context* open_context() {
   pub.ops.post_srq_recv = ibv_post_srq_recv;
   return &pub;
 }
+
+Transport transport_of(ibv_context* context) { return state_of<ContextState>(context)->transport; }
 
 void retain(ibv_context* context) { state_of<ContextState>(context)->refs.fetch_add(1); }
 
@@ -95,42 +179,15 @@ void release(ibv_context* context) {
 
 Context& cpp_context(ibv_context* context) { return *state_of<ContextState>(context)->cpp; }
 
-ibv_context* acquire_cm_context() {
-  std::lock_guard lock(g_cm.mutex);
-  if (!g_cm.context) {
-    g_cm.context = open_context();
-    if (!g_cm.context) return nullptr;
-  }
-  ++g_cm.users;
-  return g_cm.context;
-}
-
-void release_cm_context() {
-  ibv_context* closing = nullptr;
-  ibv_pd* default_pd = nullptr;
-  {
-    std::lock_guard lock(g_cm.mutex);
-    if (--g_cm.users > 0) return;
-    closing = g_cm.context;
-    g_cm.context = nullptr;
-    default_pd = state_of<ContextState>(closing)->default_pd;
-    state_of<ContextState>(closing)->default_pd = nullptr;
-  }
-  if (default_pd) {
-    bool free_now = false;
-    {
-      std::lock_guard lock(g_cm.mutex);
-      PdState* pd = state_of<PdState>(default_pd);
-      pd->orphaned = true;
-      free_now = pd->users.load() == 0;
-    }
-    if (free_now) free_pd(default_pd);
-  }
-  release(closing);
+ibv_context* cm_context(Transport transport) {
+  std::lock_guard lock(g_cm_devices.mutex);
+  ibv_context*& context = g_cm_devices.contexts[index_of(transport)];
+  if (!context) context = open_context(transport);
+  return context;
 }
 
 ibv_pd* cm_default_pd(ibv_context* context) {
-  std::lock_guard lock(g_cm.mutex);
+  std::lock_guard lock(g_cm_devices.mutex);
   ContextState* state = state_of<ContextState>(context);
   if (!state->default_pd) state->default_pd = ibv_alloc_pd(context);
   return state->default_pd;
@@ -141,8 +198,8 @@ void release_pd_user(ibv_pd* pd) {
   if (state->users.fetch_sub(1) != 1) return;
   bool free_now = false;
   {
-    // Decided under the CM lock, where release_cm_context() orphans it: exactly one frees.
-    std::lock_guard lock(g_cm.mutex);
+    // Decided under the CM lock, where the exit orphans it: exactly one frees.
+    std::lock_guard lock(g_cm_devices.mutex);
     free_now = state->orphaned && state->users.load() == 0;
     if (free_now) state->orphaned = false;
   }
@@ -151,18 +208,24 @@ void release_pd_user(ibv_pd* pd) {
 
 }  // namespace peercm::capi
 
+using namespace peercm;
 using namespace peercm::capi;
 
 // --- devices ---
 
+// The device of PEERCM_TRANSPORT first: a program that takes the first device gets the
+// transport the user asked for, and one given `-d` picks by name as on real hardware.
 ibv_device** ibv_get_device_list(int* num_devices) {
-  auto** list = static_cast<ibv_device**>(std::calloc(2, sizeof(ibv_device*)));
+  auto** list = static_cast<ibv_device**>(std::calloc(g_devices.size() + 1, sizeof(ibv_device*)));
   if (!list) {
     errno = ENOMEM;
     return nullptr;
   }
-  list[0] = &g_device;
-  if (num_devices) *num_devices = 1;
+  const Transport first = default_transport();
+  const Transport second = first == Transport::roce ? Transport::iwarp : Transport::roce;
+  list[0] = &g_devices[index_of(first)];
+  list[1] = &g_devices[index_of(second)];
+  if (num_devices) *num_devices = static_cast<int>(g_devices.size());
   return list;
 }
 
@@ -170,25 +233,31 @@ void ibv_free_device_list(ibv_device** list) { std::free(list); }
 
 const char* ibv_get_device_name(ibv_device* device) { return device ? device->name : nullptr; }
 
-// The device's GUID in listings (ibv_devices): drawn once per process and never zero. Each
-// opened context is a node of its own and reports its own node GUID (ibv_query_device).
+// A device's GUID in listings (ibv_devices): drawn once per process for each device and never
+// zero. Each opened context is a node of its own and reports its own node GUID
+// (ibv_query_device).
 __be64 ibv_get_device_guid(ibv_device* device) {
-  if (device != &g_device) return 0;
-  static const std::uint64_t guid = [] {
+  static const std::array<std::uint64_t, 2> guids = [] {
     std::random_device source;
-    std::uint64_t drawn = 0;
-    while (drawn == 0) drawn = (std::uint64_t{source()} << 32) | source();
+    std::array<std::uint64_t, 2> drawn{};
+    for (std::uint64_t& guid : drawn) {
+      while (guid == 0) guid = (std::uint64_t{source()} << 32) | source();
+    }
     return drawn;
   }();
-  return htobe64(guid);
+  static_assert(std::tuple_size_v<decltype(g_devices)> == std::tuple_size_v<decltype(guids)>);
+  for (std::size_t i = 0; i < g_devices.size(); ++i) {
+    if (device == &g_devices[i]) return htobe64(guids[i]);
+  }
+  return 0;
 }
 
 ibv_context* ibv_open_device(ibv_device* device) {
-  if (device != &g_device) {
-    errno = ENODEV;
-    return nullptr;
-  }
-  return open_context();
+  for (ibv_device& known : g_devices)
+    if (device == &known)
+      return open_context(&known == &g_devices[index_of(Transport::roce)] ? Transport::roce : Transport::iwarp);
+  errno = ENODEV;
+  return nullptr;
 }
 
 int ibv_close_device(ibv_context* context) {
@@ -210,7 +279,9 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* attr) {
   attr->max_qp_wr = kMaxQpWr;
   attr->device_cap_flags = IBV_DEVICE_CURR_QP_STATE_MOD;
   attr->max_sge = kMaxSge;
-  attr->max_sge_rd = 1;  // an iWARP Read has one sink buffer (RFC 5040 §4.4)
+  // An iWARP Read has one sink buffer (RFC 5040 §4.4); an IB Read Request scatters its
+  // responses over the WR's SGEs.
+  attr->max_sge_rd = transport_of(context) == Transport::roce ? kMaxSge : 1;
   attr->max_cq = 1 << 16;
   attr->max_cqe = kMaxCqe;
   attr->max_mr = 1 << 20;
@@ -227,13 +298,37 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* attr) {
   return 0;
 }
 
+namespace {
+
+// A RoCEv2 GID is an IP address as IPv6, IPv4 ones mapped (::ffff:a.b.c.d). The RoCE device's
+// table lists the IPv4 addresses of the host's interfaces that are up, in getifaddrs() order:
+// the addresses its CM and QPs can take (docs/roce-transport.md).
+std::vector<std::uint32_t> roce_gid_addresses() {
+  std::vector<std::uint32_t> out;  // network order
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (const ifaddrs* entry = list; entry != nullptr && out.size() < kRoceGidTableLength; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET || !(entry->ifa_flags & IFF_UP)) continue;
+    sockaddr_in address{};
+    std::memcpy(&address, entry->ifa_addr, sizeof address);
+    out.push_back(address.sin_addr.s_addr);
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+}  // namespace
+
 int ibv_query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) {
   if (!context || !attr || port_num != 1) return EINVAL;
   *attr = ibv_port_attr{};
   attr->state = IBV_PORT_ACTIVE;
   attr->max_mtu = IBV_MTU_4096;
-  attr->active_mtu = IBV_MTU_1024;  // an MPA FPDU fits a 1500-byte Ethernet frame
-  attr->gid_tbl_len = 1;
+  // iWARP: an MPA FPDU fits a 1500-byte Ethernet frame. RoCE: the path MTU of a connection
+  // that leaves the host (1024 fits a 1500-byte frame with its headers); between two
+  // loopback addresses the QPs use 4096 on their own.
+  attr->active_mtu = IBV_MTU_1024;
+  attr->gid_tbl_len = transport_of(context) == Transport::roce ? kRoceGidTableLength : 1;
   attr->max_msg_sz = UINT32_MAX;
   attr->pkey_tbl_len = 1;
   attr->active_width = 1;
@@ -244,9 +339,21 @@ int ibv_query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) 
 }
 
 int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
-  if (!context || !gid || port_num != 1 || index != 0) return -1;
+  if (!context || !gid || port_num != 1 || index < 0) return -1;
   *gid = ibv_gid{};
-  gid->global.interface_id = htobe64(cpp_context(context).node_guid());
+  if (transport_of(context) == Transport::iwarp) {
+    if (index != 0) return -1;
+    gid->global.interface_id = htobe64(cpp_context(context).node_guid());
+    return 0;
+  }
+  if (index >= kRoceGidTableLength) return -1;
+  // Entries past the host's addresses are empty (all zeros), as on any RoCE device.
+  const std::vector<std::uint32_t> addresses = roce_gid_addresses();
+  if (static_cast<std::size_t>(index) < addresses.size()) {
+    gid->raw[10] = 0xff;
+    gid->raw[11] = 0xff;
+    std::memcpy(&gid->raw[12], &addresses[static_cast<std::size_t>(index)], 4);
+  }
   return 0;
 }
 

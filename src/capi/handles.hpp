@@ -71,29 +71,41 @@ inline constexpr int kMaxSrqWr = kMaxQpWr;
 
 struct PdState;
 
+// The devices, one per transport (docs/c-api.md "The devices").
+inline constexpr const char* kIwarpDeviceName = "peercm_iw0";
+inline constexpr const char* kRoceDeviceName = "peercm_roce0";
+inline constexpr int kRoceGidTableLength = 16;
+// PEERCM_TRANSPORT=roce: RoCEv2; unset or anything else: iWARP. The transport of new rdma_cm
+// ids (read per id, so a program or test may switch it between ids) and the device listed first.
+Transport default_transport();
+
 // An opened device (ibv_context). `refs` counts the opener and every object made on it.
 struct ContextState {
   std::unique_ptr<Context> cpp;
+  Transport transport = Transport::iwarp;  // the device's
   std::atomic<int> refs{1};
   std::atomic<int> listeners{0};  // listening rdma_cm ids: the node accepts p2p connections
   ibv_pd* default_pd = nullptr;   // rdma_cm's per-device PD (ids given no PD); guarded by the CM lock
 };
 using ContextShell = Shell<ibv_context, ContextState>;
 
-ibv_context* open_context();
+ibv_context* open_context(Transport transport);
+Transport transport_of(ibv_context* context);
 void retain(ibv_context* context);
 void release(ibv_context* context);
 Context& cpp_context(ibv_context* context);
 
-// The device context rdma_cm ids share; opened with the first id, closed after the last.
-ibv_context* acquire_cm_context();
-void release_cm_context();
+// The context of `transport`'s device that rdma_cm ids of that transport share: opened with
+// the first, kept until the process exits (as librdmacm keeps its devices open), so the PD,
+// CQs and QPs an application made on `id->verbs` outlive any id. Null (errno set) if it
+// cannot be opened.
+ibv_context* cm_context(Transport transport);
 ibv_pd* cm_default_pd(ibv_context* context);
 
 struct PdState {
   std::unique_ptr<ProtectionDomain> cpp;
   std::atomic<int> users{0};  // MRs and QPs
-  bool orphaned = false;      // a default PD whose device let go of it: freed by its last user
+  bool orphaned = false;      // a default PD left in use at exit: freed by its last user
 };
 using PdShell = Shell<ibv_pd, PdState>;
 void release_pd_user(ibv_pd* pd);

@@ -113,7 +113,7 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   child_impl->roce_id = event.id;
   child_impl->roce_address = port.address;
   child_impl->bound_address = socket_address(port.address, event.service_port);
-  child_impl->peer = socket_address(from_bytes(event.peer_address), 0);
+  child_impl->peer = socket_address(from_bytes(event.peer_address), event.port);
   device.track_id(port.address, event.id, child_impl);
   std::unique_ptr<CmId> child = CmIdImpl::make_public(child_impl);
   CmEvent out;
@@ -160,6 +160,10 @@ Status<std::errc> listen(CmIdImpl& id) {
     ports.push_back(*port);
   }
   std::uint16_t service = ntohs(bound.sin_port);
+  if (id.roce_reserved_service != 0) {
+    // The port its bind reserved becomes the listener's.
+    device.release_service(id.roce_reserved_address, std::exchange(id.roce_reserved_service, 0));
+  }
   if (service == 0) service = device.ephemeral_service_port(address);
   if (service == 0 || device.service_taken(address, service)) return fail(std::errc::address_in_use);
   for (RocePort* port : ports) port->agent.listen(service);
@@ -189,8 +193,21 @@ void resolve_addr(CmIdImpl& id, const sockaddr_in& destination) {
     id.emit(CmEventType::addr_error, static_cast<int>(port.error()));
     return;
   }
+  std::uint16_t service = id.bound_address ? ntohs(id.bound_address->sin_port) : 0;
+  if (service == 0) {
+    // rdma_cm binds an unbound id at resolution: its source port is known from ADDR_RESOLVED
+    // on, and travels in the REQ.
+    auto reserved = device.reserve_service(source, 0);
+    if (!reserved) {
+      id.emit(CmEventType::addr_error, static_cast<int>(reserved.error()));
+      return;
+    }
+    service = *reserved;
+    id.roce_reserved_address = source;
+    id.roce_reserved_service = service;
+  }
   id.roce_address = source;
-  id.bound_address = socket_address(source, id.bound_address ? ntohs(id.bound_address->sin_port) : 0);
+  id.bound_address = socket_address(source, service);
   id.destination = destination;
   id.state = CmIdImpl::State::addr_resolved;
   id.emit(CmEventType::addr_resolved);
@@ -295,7 +312,9 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
   core::ibcm::IbCmConnectParams request;
   request.destination = to_bytes(ntohl(id.destination.sin_addr.s_addr));
   request.port = ntohs(id.destination.sin_port);
-  request.source_port = device.p2p_listen_port;
+  // The rdma_cm header's source port: a p2p key's port is the node's listener (design.md §3
+  // rule 2); a client/server REQ carries the id's own port, the passive side's peer port.
+  request.source_port = id.peer_to_peer ? device.p2p_listen_port : ntohs(id.bound_address->sin_port);
   request.tag = id.tag;
   request.peer_to_peer = id.peer_to_peer;
   request.qpn = id.qp_impl->roce->qpn;
@@ -363,6 +382,8 @@ Status<std::errc> disconnect(CmIdImpl& id) {
 void release(CmIdImpl& id) {
   if (!id.ctx->roce) return;
   RoceDevice& device = *id.ctx->roce;
+  if (id.roce_reserved_service != 0)
+    device.release_service(id.roce_reserved_address, std::exchange(id.roce_reserved_service, 0));
   // A QP the id does not own outlives it, in ERROR as over iWARP; the ACKs it still owes
   // leave before the DREQ below.
   if (id.state == CmIdImpl::State::established) {
@@ -371,6 +392,9 @@ void release(CmIdImpl& id) {
   }
   if (id.state == CmIdImpl::State::listening) {
     device.forget_listener(id.roce_address, id.roce_listen_port);
+    // The context outlives its listeners (the C API keeps it for the process): it stops
+    // advertising a port nobody listens on.
+    if (device.p2p_listen_port == id.roce_listen_port) device.p2p_listen_port = 0;
     for (RocePort* port : device.all_ports())
       if ((id.roce_address == RoceDevice::kAnyAddress || port->address == id.roce_address) &&
           !device.service_taken(port->address, id.roce_listen_port))

@@ -241,11 +241,24 @@ std::uint16_t RoceDevice::ephemeral_service_port(Ipv4 address) {
 }
 
 bool RoceDevice::service_taken(Ipv4 address, std::uint16_t service) {
-  if (address != kAnyAddress) return find_listener(address, service) != nullptr;
+  if (address != kAnyAddress)
+    return find_listener(address, service) != nullptr || reserved_services_.contains({address, service}) ||
+           reserved_services_.contains({kAnyAddress, service});
   for (const auto& [key, listener] : listeners_)
     if (key.second == service && !listener.expired()) return true;
+  for (const auto& [reserved_address, reserved_service] : reserved_services_)
+    if (reserved_service == service) return true;
   return false;
 }
+
+Result<std::uint16_t, std::errc> RoceDevice::reserve_service(Ipv4 address, std::uint16_t service) {
+  if (service == 0) service = ephemeral_service_port(address);
+  if (service == 0 || service_taken(address, service)) return fail(std::errc::address_in_use);
+  reserved_services_.emplace(address, service);
+  return service;
+}
+
+void RoceDevice::release_service(Ipv4 address, std::uint16_t service) { reserved_services_.erase({address, service}); }
 
 void RoceDevice::add_stats(CmStats& stats) const {
   for (const auto& [address, port] : ports_) {

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -88,8 +89,13 @@ class RoceDevice {
   std::shared_ptr<CmIdImpl> find_p2p_request(Ipv4 local, Ipv4 peer, std::uint32_t tag);
   // A free service port for a listener bound to port 0.
   std::uint16_t ephemeral_service_port(Ipv4 address);
-  // Someone listens on `service` at `address` (kAnyAddress: at any address).
+  // Someone listens on `service` at `address`, or an id bound to it holds it (kAnyAddress:
+  // at any address).
   bool service_taken(Ipv4 address, std::uint16_t service);
+  // rdma_bind_addr: the service port is the id's from now on, as the kernel's rdma_cm takes a
+  // port at bind. 0 picks a free one. EADDRINUSE when taken.
+  Result<std::uint16_t, std::errc> reserve_service(Ipv4 address, std::uint16_t service);
+  void release_service(Ipv4 address, std::uint16_t service);
   std::vector<RocePort*> all_ports();
 
   // Sends everything queued, delivers events, re-arms the timer: after every input.
@@ -118,6 +124,7 @@ class RoceDevice {
   std::map<std::uint32_t, std::weak_ptr<QueuePairImpl>> qps_;  // by wire QPN
   std::map<std::pair<Ipv4, core::ibcm::IbCmId>, std::weak_ptr<CmIdImpl>> ids_;
   std::map<std::pair<Ipv4, std::uint16_t>, std::weak_ptr<CmIdImpl>> listeners_;
+  std::set<std::pair<Ipv4, std::uint16_t>> reserved_services_;  // bound ids' (address, service)
   std::optional<engine::Reactor::TimerId> timer_;
   std::optional<core::Time> timer_deadline_;
   std::uint32_t next_comm_id_;
