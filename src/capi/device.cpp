@@ -232,7 +232,9 @@ int ibv_query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) 
 }
 
 int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gid) {
-  if (!context || !gid || port_num != 1 || index != 0) return -1;
+  if (!context || !gid || port_num != 1) return -1;
+  if (uses_roce(context)) return roce_query_gid(context, index, gid);  // verbs_roce.cpp
+  if (index != 0) return -1;
   *gid = ibv_gid{};
   gid->global.interface_id = htobe64(cpp_context(context).node_guid());
   return 0;
