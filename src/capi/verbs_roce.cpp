@@ -111,7 +111,9 @@ std::optional<int> modify_qp_without_cm(ibv_qp* qp, const ibv_qp_attr& attr, int
   const bool roce_context = uses_roce(qp->context);
   if (attr.qp_state == IBV_QPS_RTR && (attr_mask & IBV_QP_AV) && (attr_mask & IBV_QP_DEST_QPN)) {
     // The peer named by GID and QPN, as RoCE and IB programs connect without the CM.
-    if (state.cpp->state() != peercm::QpState::reset && state.cpp->state() != peercm::QpState::init) return EINVAL;
+    // A QP a connection already runs keeps ibv_modify_qp's recording rule.
+    if (state.cpp->state() != peercm::QpState::reset && state.cpp->state() != peercm::QpState::init)
+      return std::nullopt;
     if (state.recorded != IBV_QPS_INIT) return EINVAL;  // verbs: RTR comes from INIT
     PendingRtr rtr;
     if (roce_context) {
