@@ -66,9 +66,20 @@ void UdQueuePair::modify_to_error() {
   flush();
 }
 
+void UdQueuePair::deliver(CompletionSink& cq, const WorkCompletion& wc) {
+  if (cq.push(wc)) return;
+  // A full CQ loses the completion; verbs then puts the QP in ERROR (its WRs can no longer
+  // be accounted for). The flush's completions meet the same full CQ and are counted too.
+  ++stats_.completions_lost;
+  if (state_ != QpState::error) {
+    state_ = QpState::error;
+    flush();
+  }
+}
+
 void UdQueuePair::complete_send(const Pending& pending, WcStatus status) {
   if (!pending.signaled && status == WcStatus::success) return;
-  send_cq_.push(WorkCompletion{.wr_id = pending.wr_id,
+  deliver(send_cq_, WorkCompletion{.wr_id = pending.wr_id,
                                .status = status,
                                .opcode = WcOpcode::send,
                                .byte_len = 0,
@@ -84,7 +95,7 @@ void UdQueuePair::flush() {
   }
   while (!rq_.empty()) {
     const PostedRecv posted = rq_.take();
-    recv_cq_.push(WorkCompletion{.wr_id = posted.wr.wr_id,
+    deliver(recv_cq_, WorkCompletion{.wr_id = posted.wr.wr_id,
                                  .status = WcStatus::wr_flush_error,
                                  .opcode = WcOpcode::recv,
                                  .qp_num = config_.qpn});
@@ -153,7 +164,7 @@ Status<std::errc> UdQueuePair::post_send(const SendWr& wr, const UdDestination& 
 Status<std::errc> UdQueuePair::post_recv(const RecvWr& wr) {
   if (wr.sg_list.size() > config_.caps.max_recv_sge) return fail(std::errc::invalid_argument);
   if (state_ == QpState::error) {
-    recv_cq_.push(WorkCompletion{
+    deliver(recv_cq_, WorkCompletion{
         .wr_id = wr.wr_id, .status = WcStatus::wr_flush_error, .opcode = WcOpcode::recv, .qp_num = config_.qpn});
     return {};
   }
@@ -248,7 +259,7 @@ void UdQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, con
     }
     if (packet->headers.bth.solicited_event) wc.wc_flags |= kWcSolicited;
   }
-  recv_cq_.push(wc);
+  deliver(recv_cq_, wc);
   if (wc.status == WcStatus::success && packet->headers.bth.solicited_event) recv_cq_.solicited();
 }
 

@@ -63,6 +63,7 @@ struct UdStats {
   std::uint64_t dropped_no_receive = 0;  // no receive posted (UD has no RNR)
   std::uint64_t dropped_not_ready = 0;   // the QP is not in RTR or RTS yet, or in ERROR
   std::uint64_t receive_too_small = 0;   // completed with a local length error
+  std::uint64_t completions_lost = 0;    // the CQ was full: the QP went to ERROR
 };
 
 // The GRH area of a receive over RoCEv2/IPv4: 20 zero bytes, then the IPv4 header the
@@ -125,6 +126,7 @@ class UdQueuePair {
     UdDatagram datagram;
   };
 
+  void deliver(CompletionSink& cq, const WorkCompletion& wc);
   void complete_send(const Pending& pending, WcStatus status);
   void flush();
 

@@ -294,6 +294,55 @@ TEST(UdQueuePair, BadLkeyCompletesWithProtectionErrorAndSendsNothing) {
   EXPECT_EQ(a.scq.wcs[0].status, WcStatus::local_protection_error);
 }
 
+// A CQ with room for `room` completions.
+class SmallCq final : public CompletionSink {
+ public:
+  explicit SmallCq(std::size_t room) : room_(room) {}
+  bool push(const WorkCompletion& wc) override {
+    if (wcs.size() >= room_) return false;
+    wcs.push_back(wc);
+    return true;
+  }
+  std::vector<WorkCompletion> wcs;
+
+ private:
+  std::size_t room_;
+};
+
+TEST(UdQueuePair, FullReceiveCqPutsTheQpInError) {
+  UdNode a(0x101, kSourcePortA, 1);
+  a.ready();
+  MemoryTable memory(2);
+  TestCq send_cq;
+  SmallCq recv_cq(1);
+  UdQueuePair b(UdQpConfig{.qpn = 0x202, .pd = 1, .udp_source_port = kSourcePortB}, memory, send_cq, recv_cq);
+  b.to_init(kQkey);
+  b.to_rtr();
+  std::vector<std::uint8_t> buffer(2 * (kGrhSize + 8));
+  const auto key = memory.register_region(1, reinterpret_cast<std::uintptr_t>(buffer.data()), buffer.size(),
+                                          kAccessLocalWrite);
+  ASSERT_TRUE(key.has_value());
+  for (std::uint64_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(b.post_recv(RecvWr{
+        .wr_id = i,
+        .sg_list = {Sge{reinterpret_cast<std::uintptr_t>(buffer.data()) + (i % 2) * (kGrhSize + 8),
+                        static_cast<std::uint32_t>(kGrhSize + 8), *key}}}));
+  const Mr out = a.reg(8);
+  const UdDestination to{.local_ip = kIpA, .remote_ip = kIpB, .remote_qpn = 0x202, .remote_qkey = kQkey};
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(a.send(1, out, 8, to));
+    auto datagram = a.qp.poll_datagram();
+    ASSERT_TRUE(datagram.has_value());
+    b.handle_datagram(datagram->bytes, kIpA, kSourcePortA, kIpB);
+  }
+  // The first fits; the second is lost, and so is the flush of the third receive.
+  ASSERT_EQ(recv_cq.wcs.size(), 1u);
+  EXPECT_EQ(recv_cq.wcs[0].status, WcStatus::success);
+  EXPECT_EQ(b.state(), QpState::error);
+  EXPECT_EQ(b.stats().completions_lost, 2u);
+  EXPECT_EQ(b.recv_queue_size(), 0u);
+}
+
 TEST(UdGrh, Ipv4HeaderRoundTripsAndChecksumGuardsIt) {
   auto grh = ipv4_grh(kIpA, kIpB, 100);
   for (std::size_t i = 0; i < 20; ++i) EXPECT_EQ(grh[i], 0) << i;
