@@ -25,8 +25,8 @@
 # UCX the p50 of each run, against libfabric the mean (all fi_pingpong reports); 5000 round
 # trips up to 4 KiB, 1000 up to 64 KiB, 200 above. Streams: 256 MiB after 16 warm-up messages
 # each. CRC-on rows are for information: neither UCX nor libfabric's tcp provider carries a
-# CRC (docs/performance.md, "What bounds the remaining misses"). Every pair is kept beside the
-# table (FILE with .pairs.tsv for .md), so that series can be pooled.
+# CRC (docs/performance.md, "CRC on"). Every pair is kept beside the table (FILE with .pairs.tsv
+# for .md), so that series can be pooled.
 #
 # Every tool's output goes to a file and is read after the run: a parser started beside a run
 # (a pipe) takes a CPU from it.

@@ -6,6 +6,7 @@
 #define PEERCM_INFINIBAND_VERBS_H
 
 #include <errno.h>
+#include <linux/if_ether.h>
 #include <linux/types.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -32,6 +33,15 @@ enum ibv_gid_type {
 	IBV_GID_TYPE_IB,
 	IBV_GID_TYPE_ROCE_V1,
 	IBV_GID_TYPE_ROCE_V2,
+};
+
+/* One GID table entry (ibv_query_gid_ex, ibv_query_gid_table). */
+struct ibv_gid_entry {
+	union ibv_gid gid;
+	uint32_t gid_index;
+	uint32_t port_num;
+	uint32_t gid_type; /* enum ibv_gid_type */
+	uint32_t ndev_ifindex;
 };
 
 enum ibv_node_type {
@@ -80,6 +90,11 @@ enum ibv_device_cap_flags {
 	IBV_DEVICE_RAW_IP_CSUM = 1 << 26,
 	IBV_DEVICE_MANAGED_FLOW_STEERING = 1 << 29,
 };
+
+/* Capability bits beyond 32 bits, for ibv_device_attr_ex.device_cap_flags_ex. */
+#define IBV_DEVICE_RAW_SCATTER_FCS (1ULL << 34)
+#define IBV_DEVICE_PCI_WRITE_END_PADDING (1ULL << 36)
+#define IBV_DEVICE_CC_DMA_BOUNCE (1ULL << 41)
 
 enum ibv_atomic_cap {
 	IBV_ATOMIC_NONE,
@@ -130,6 +145,131 @@ struct ibv_device_attr {
 	uint8_t phys_port_cnt;
 };
 
+/* ibv_query_device_ex's input: comp_mask must be 0. */
+struct ibv_query_device_ex_input {
+	uint32_t comp_mask;
+};
+
+enum ibv_odp_general_caps {
+	IBV_ODP_SUPPORT = 1 << 0,
+	IBV_ODP_SUPPORT_IMPLICIT = 1 << 1,
+};
+
+enum ibv_odp_transport_cap_bits {
+	IBV_ODP_SUPPORT_SEND = 1 << 0,
+	IBV_ODP_SUPPORT_RECV = 1 << 1,
+	IBV_ODP_SUPPORT_WRITE = 1 << 2,
+	IBV_ODP_SUPPORT_READ = 1 << 3,
+	IBV_ODP_SUPPORT_ATOMIC = 1 << 4,
+	IBV_ODP_SUPPORT_SRQ_RECV = 1 << 5,
+	IBV_ODP_SUPPORT_FLUSH = 1 << 6,
+	IBV_ODP_SUPPORT_ATOMIC_WRITE = 1 << 7,
+};
+
+struct ibv_odp_caps {
+	uint64_t general_caps;
+	struct {
+		uint32_t rc_odp_caps;
+		uint32_t uc_odp_caps;
+		uint32_t ud_odp_caps;
+	} per_transport_caps;
+};
+
+struct ibv_tso_caps {
+	uint32_t max_tso;
+	uint32_t supported_qpts;
+};
+
+enum ibv_rx_hash_function_flags {
+	IBV_RX_HASH_FUNC_TOEPLITZ = 1 << 0,
+};
+
+enum ibv_rx_hash_fields {
+	IBV_RX_HASH_SRC_IPV4 = 1 << 0,
+	IBV_RX_HASH_DST_IPV4 = 1 << 1,
+	IBV_RX_HASH_SRC_IPV6 = 1 << 2,
+	IBV_RX_HASH_DST_IPV6 = 1 << 3,
+	IBV_RX_HASH_SRC_PORT_TCP = 1 << 4,
+	IBV_RX_HASH_DST_PORT_TCP = 1 << 5,
+	IBV_RX_HASH_SRC_PORT_UDP = 1 << 6,
+	IBV_RX_HASH_DST_PORT_UDP = 1 << 7,
+	IBV_RX_HASH_IPSEC_SPI = 1 << 8,
+};
+/* rdma-core's enumerator of this value is outside int, which ISO C does not allow. */
+#define IBV_RX_HASH_INNER (1UL << 31)
+
+struct ibv_rss_caps {
+	uint32_t supported_qpts;
+	uint32_t max_rwq_indirection_tables;
+	uint32_t max_rwq_indirection_table_size;
+	uint64_t rx_hash_fields_mask; /* enum ibv_rx_hash_fields */
+	uint8_t rx_hash_function;     /* enum ibv_rx_hash_function_flags */
+};
+
+struct ibv_packet_pacing_caps {
+	uint32_t qp_rate_limit_min;
+	uint32_t qp_rate_limit_max; /* kbps */
+	uint32_t supported_qpts;
+};
+
+enum ibv_raw_packet_caps {
+	IBV_RAW_PACKET_CAP_CVLAN_STRIPPING = 1 << 0,
+	IBV_RAW_PACKET_CAP_SCATTER_FCS = 1 << 1,
+	IBV_RAW_PACKET_CAP_IP_CSUM = 1 << 2,
+	IBV_RAW_PACKET_CAP_DELAY_DROP = 1 << 3,
+};
+
+enum ibv_tm_cap_flags {
+	IBV_TM_CAP_RC = 1 << 0,
+};
+
+struct ibv_tm_caps {
+	uint32_t max_rndv_hdr_size;
+	uint32_t max_num_tags;
+	uint32_t flags; /* enum ibv_tm_cap_flags */
+	uint32_t max_ops;
+	uint32_t max_sge;
+};
+
+struct ibv_cq_moderation_caps {
+	uint16_t max_cq_count;
+	uint16_t max_cq_period; /* microseconds */
+};
+
+enum ibv_pci_atomic_op_size {
+	IBV_PCI_ATOMIC_OPERATION_4_BYTE_SIZE_SUP = 1 << 0,
+	IBV_PCI_ATOMIC_OPERATION_8_BYTE_SIZE_SUP = 1 << 1,
+	IBV_PCI_ATOMIC_OPERATION_16_BYTE_SIZE_SUP = 1 << 2,
+};
+
+struct ibv_pci_atomic_caps {
+	uint16_t fetch_add; /* enum ibv_pci_atomic_op_size bits */
+	uint16_t swap;
+	uint16_t compare_swap;
+};
+
+/* What ibv_query_device_ex reports; the capabilities peercm lacks (on-demand paging, TSO,
+ * RSS, packet pacing, tag matching, CQ moderation, device memory, PCI atomics) are zeros. */
+struct ibv_device_attr_ex {
+	struct ibv_device_attr orig_attr;
+	uint32_t comp_mask;
+	struct ibv_odp_caps odp_caps;
+	uint64_t completion_timestamp_mask;
+	uint64_t hca_core_clock;
+	uint64_t device_cap_flags_ex;
+	struct ibv_tso_caps tso_caps;
+	struct ibv_rss_caps rss_caps;
+	uint32_t max_wq_type_rq;
+	struct ibv_packet_pacing_caps packet_pacing_caps;
+	uint32_t raw_packet_caps; /* enum ibv_raw_packet_caps */
+	struct ibv_tm_caps tm_caps;
+	struct ibv_cq_moderation_caps cq_mod_caps;
+	uint64_t max_dm_size;
+	struct ibv_pci_atomic_caps pci_atomic_caps;
+	uint32_t xrc_odp_caps;
+	uint32_t phys_port_cnt_ex;
+};
+
 enum ibv_mtu {
 	IBV_MTU_256 = 1,
 	IBV_MTU_512 = 2,
@@ -176,6 +316,7 @@ struct ibv_port_attr {
 	uint8_t link_layer;
 	uint8_t flags;
 	uint16_t port_cap_flags2;
+	uint32_t active_speed_ex;
 };
 
 enum ibv_event_type {
@@ -199,6 +340,7 @@ enum ibv_event_type {
 	IBV_EVENT_CLIENT_REREGISTER,
 	IBV_EVENT_GID_CHANGE,
 	IBV_EVENT_WQ_FATAL,
+	IBV_EVENT_DEVICE_SPEED_CHANGE,
 };
 
 struct ibv_cq;
@@ -272,6 +414,37 @@ enum {
 	IBV_WC_IP_CSUM_OK_SHIFT = 2
 };
 
+/* ibv_cq_init_attr_ex.wc_flags: what the ibv_wc_read_* accessors may be asked. */
+enum ibv_create_cq_wc_flags {
+	IBV_WC_EX_WITH_BYTE_LEN = 1 << 0,
+	IBV_WC_EX_WITH_IMM = 1 << 1,
+	IBV_WC_EX_WITH_QP_NUM = 1 << 2,
+	IBV_WC_EX_WITH_SRC_QP = 1 << 3,
+	IBV_WC_EX_WITH_SLID = 1 << 4,
+	IBV_WC_EX_WITH_SL = 1 << 5,
+	IBV_WC_EX_WITH_DLID_PATH_BITS = 1 << 6,
+	IBV_WC_EX_WITH_COMPLETION_TIMESTAMP = 1 << 7,
+	IBV_WC_EX_WITH_CVLAN = 1 << 8,
+	IBV_WC_EX_WITH_FLOW_TAG = 1 << 9,
+	IBV_WC_EX_WITH_TM_INFO = 1 << 10,
+	IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK = 1 << 11,
+};
+
+enum {
+	IBV_WC_STANDARD_FLAGS = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+				IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+				IBV_WC_EX_WITH_DLID_PATH_BITS
+};
+
+enum {
+	/* IBV_WC_STANDARD_FLAGS spelled out: C++20 deprecates | across two enumeration types. */
+	IBV_CREATE_CQ_SUP_WC_FLAGS = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+				     IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+				     IBV_WC_EX_WITH_DLID_PATH_BITS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+				     IBV_WC_EX_WITH_CVLAN | IBV_WC_EX_WITH_FLOW_TAG | IBV_WC_EX_WITH_TM_INFO |
+				     IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
+};
+
 enum ibv_wc_flags {
 	IBV_WC_GRH = 1 << 0,
 	IBV_WC_WITH_IMM = 1 << 1,
@@ -325,6 +498,77 @@ struct ibv_pd {
 	struct ibv_context *context;
 	uint32_t handle;
 };
+
+/* Thread domains, XRC domains and device memory: declared for the programs that probe for
+ * them; peercm has none of them (the calls fail with EOPNOTSUPP, docs/c-api.md). */
+struct ibv_td_init_attr {
+	uint32_t comp_mask;
+};
+
+struct ibv_td {
+	struct ibv_context *context;
+};
+
+enum ibv_xrcd_init_attr_mask {
+	IBV_XRCD_INIT_ATTR_FD = 1 << 0,
+	IBV_XRCD_INIT_ATTR_OFLAGS = 1 << 1,
+	IBV_XRCD_INIT_ATTR_RESERVED = 1 << 2,
+};
+
+struct ibv_xrcd_init_attr {
+	uint32_t comp_mask;
+	int fd;
+	int oflags;
+};
+
+struct ibv_xrcd {
+	struct ibv_context *context;
+};
+
+struct ibv_alloc_dm_attr {
+	size_t length;
+	uint32_t log_align_req;
+	uint32_t comp_mask;
+};
+
+enum ibv_dm_mask {
+	IBV_DM_MASK_HANDLE = 1 << 0,
+};
+
+struct ibv_dm {
+	struct ibv_context *context;
+	int (*memcpy_to_dm)(struct ibv_dm *dm, uint64_t dm_offset, const void *host_addr, size_t length);
+	int (*memcpy_from_dm)(void *host_addr, struct ibv_dm *dm, uint64_t dm_offset, size_t length);
+	uint32_t comp_mask;
+	uint32_t handle;
+};
+
+/* rdma-core names the kernel's uverbs constants here, and programs use either spelling
+ * (rc_pingpong passes IB_UVERBS_ADVISE_MR_FLAG_FLUSH): with the kernel's header at hand the
+ * names are its, else the same values are defined here. */
+#if defined(__has_include)
+#if __has_include(<rdma/ib_user_ioctl_verbs.h>)
+#include <rdma/ib_user_ioctl_verbs.h>
+#define PEERCM_HAVE_UVERBS_IOCTL_H 1
+#endif
+#endif
+#ifdef PEERCM_HAVE_UVERBS_IOCTL_H
+#define ibv_advise_mr_advice ib_uverbs_advise_mr_advice
+#define IBV_ADVISE_MR_ADVICE_PREFETCH IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH
+#define IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE
+#define IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT
+#define IBV_ADVISE_MR_FLAG_FLUSH IB_UVERBS_ADVISE_MR_FLAG_FLUSH
+#else
+enum ibv_advise_mr_advice {
+	IBV_ADVISE_MR_ADVICE_PREFETCH,
+	IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+	IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT,
+};
+
+enum {
+	IBV_ADVISE_MR_FLAG_FLUSH = 1 << 0,
+};
+#endif
 
 struct ibv_mr {
 	struct ibv_context *context;
@@ -426,6 +670,107 @@ struct ibv_srq_init_attr {
 	struct ibv_srq_attr attr;
 };
 
+enum ibv_srq_type {
+	IBV_SRQT_BASIC,
+	IBV_SRQT_XRC, /* EOPNOTSUPP: no XRC */
+	IBV_SRQT_TM,  /* EOPNOTSUPP: no tag matching */
+};
+
+enum ibv_srq_init_attr_mask {
+	IBV_SRQ_INIT_ATTR_TYPE = 1 << 0,
+	IBV_SRQ_INIT_ATTR_PD = 1 << 1,
+	IBV_SRQ_INIT_ATTR_XRCD = 1 << 2,
+	IBV_SRQ_INIT_ATTR_CQ = 1 << 3,
+	IBV_SRQ_INIT_ATTR_TM = 1 << 4,
+	IBV_SRQ_INIT_ATTR_RESERVED = 1 << 5,
+};
+
+struct ibv_tm_cap {
+	uint32_t max_num_tags;
+	uint32_t max_ops;
+};
+
+struct ibv_srq_init_attr_ex {
+	void *srq_context;
+	struct ibv_srq_attr attr;
+
+	uint32_t comp_mask; /* enum ibv_srq_init_attr_mask */
+	enum ibv_srq_type srq_type;
+	struct ibv_pd *pd;
+	struct ibv_xrcd *xrcd;
+	struct ibv_cq *cq;
+	struct ibv_tm_cap tm_cap;
+};
+
+/* Work queues and indirection tables (RSS): declared only; ibv_create_wq and
+ * ibv_create_rwq_ind_table fail with EOPNOTSUPP. */
+enum ibv_wq_type {
+	IBV_WQT_RQ,
+};
+
+enum ibv_wq_init_attr_mask {
+	IBV_WQ_INIT_ATTR_FLAGS = 1 << 0,
+	IBV_WQ_INIT_ATTR_RESERVED = 1 << 1,
+};
+
+enum ibv_wq_flags {
+	IBV_WQ_FLAGS_CVLAN_STRIPPING = 1 << 0,
+	IBV_WQ_FLAGS_SCATTER_FCS = 1 << 1,
+	IBV_WQ_FLAGS_DELAY_DROP = 1 << 2,
+	IBV_WQ_FLAGS_PCI_WRITE_END_PADDING = 1 << 3,
+	IBV_WQ_FLAGS_RESERVED = 1 << 4,
+};
+
+struct ibv_wq_init_attr {
+	void *wq_context;
+	enum ibv_wq_type wq_type;
+	uint32_t max_wr;
+	uint32_t max_sge;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	uint32_t comp_mask;    /* enum ibv_wq_init_attr_mask */
+	uint32_t create_flags; /* enum ibv_wq_flags */
+};
+
+enum ibv_wq_state {
+	IBV_WQS_RESET,
+	IBV_WQS_RDY,
+	IBV_WQS_ERR,
+	IBV_WQS_UNKNOWN,
+};
+
+enum ibv_wq_attr_mask {
+	IBV_WQ_ATTR_STATE = 1 << 0,
+	IBV_WQ_ATTR_CURR_STATE = 1 << 1,
+	IBV_WQ_ATTR_FLAGS = 1 << 2,
+	IBV_WQ_ATTR_RESERVED = 1 << 3,
+};
+
+struct ibv_wq_attr {
+	uint32_t attr_mask; /* enum ibv_wq_attr_mask */
+	enum ibv_wq_state wq_state;
+	enum ibv_wq_state curr_wq_state;
+	uint32_t flags;      /* enum ibv_wq_flags */
+	uint32_t flags_mask; /* enum ibv_wq_flags */
+};
+
+struct ibv_rwq_ind_table {
+	struct ibv_context *context;
+	int ind_tbl_handle;
+	int ind_tbl_num;
+	uint32_t comp_mask;
+};
+
+enum ibv_ind_table_init_attr_mask {
+	IBV_CREATE_IND_TABLE_RESERVED = (1 << 0),
+};
+
+struct ibv_rwq_ind_table_init_attr {
+	uint32_t log_ind_tbl_size;
+	struct ibv_wq **ind_tbl;
+	uint32_t comp_mask;
+};
+
 enum ibv_qp_type {
 	IBV_QPT_RC = 2,
 	IBV_QPT_UC,
@@ -464,8 +809,31 @@ enum ibv_qp_init_attr_mask {
 	IBV_QP_INIT_ATTR_SEND_OPS_FLAGS = 1 << 6,
 };
 
-struct ibv_xrcd;
-struct ibv_rwq_ind_table;
+enum ibv_qp_create_flags {
+	IBV_QP_CREATE_BLOCK_SELF_MCAST_LB = 1 << 1,
+	IBV_QP_CREATE_SCATTER_FCS = 1 << 8,
+	IBV_QP_CREATE_CVLAN_STRIPPING = 1 << 9,
+	IBV_QP_CREATE_SOURCE_QPN = 1 << 10,
+	IBV_QP_CREATE_PCI_WRITE_END_PADDING = 1 << 11,
+};
+
+/* ibv_qp_init_attr_ex.send_ops_flags: the ibv_wr_* builders a QP made by ibv_create_qp_ex
+ * offers (docs/c-api.md says which ones peercm accepts). */
+enum ibv_qp_create_send_ops_flags {
+	IBV_QP_EX_WITH_RDMA_WRITE = 1 << 0,
+	IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM = 1 << 1,
+	IBV_QP_EX_WITH_SEND = 1 << 2,
+	IBV_QP_EX_WITH_SEND_WITH_IMM = 1 << 3,
+	IBV_QP_EX_WITH_RDMA_READ = 1 << 4,
+	IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP = 1 << 5,
+	IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD = 1 << 6,
+	IBV_QP_EX_WITH_LOCAL_INV = 1 << 7,
+	IBV_QP_EX_WITH_BIND_MW = 1 << 8,
+	IBV_QP_EX_WITH_SEND_WITH_INV = 1 << 9,
+	IBV_QP_EX_WITH_TSO = 1 << 10,
+	IBV_QP_EX_WITH_FLUSH = 1 << 11,
+	IBV_QP_EX_WITH_ATOMIC_WRITE = 1 << 12,
+};
 
 struct ibv_rx_hash_conf {
 	uint8_t rx_hash_function;
@@ -474,7 +842,8 @@ struct ibv_rx_hash_conf {
 	uint64_t rx_hash_fields_mask;
 };
 
-/* The extended form, for rdma_create_qp_ex(): only IBV_QP_INIT_ATTR_PD is understood. */
+/* ibv_create_qp_ex / rdma_create_qp_ex: comp_mask may carry IBV_QP_INIT_ATTR_PD and
+ * IBV_QP_INIT_ATTR_SEND_OPS_FLAGS; the other masks are EOPNOTSUPP. */
 struct ibv_qp_init_attr_ex {
 	void *qp_context;
 	struct ibv_cq *send_cq;
@@ -518,6 +887,22 @@ enum ibv_qp_attr_mask {
 	IBV_QP_CAP = 1 << 19,
 	IBV_QP_DEST_QPN = 1 << 20,
 	IBV_QP_RATE_LIMIT = 1 << 25,
+};
+
+enum ibv_qp_open_attr_mask {
+	IBV_QP_OPEN_ATTR_NUM = 1 << 0,
+	IBV_QP_OPEN_ATTR_XRCD = 1 << 1,
+	IBV_QP_OPEN_ATTR_CONTEXT = 1 << 2,
+	IBV_QP_OPEN_ATTR_TYPE = 1 << 3,
+	IBV_QP_OPEN_ATTR_RESERVED = 1 << 4,
+};
+
+struct ibv_qp_open_attr {
+	uint32_t comp_mask;
+	uint32_t qp_num;
+	struct ibv_xrcd *xrcd;
+	void *qp_context;
+	enum ibv_qp_type qp_type;
 };
 
 enum ibv_qp_state {
@@ -588,6 +973,12 @@ enum ibv_send_flags {
 	IBV_SEND_SOLICITED = 1 << 2,
 	IBV_SEND_INLINE = 1 << 3,
 	IBV_SEND_IP_CSUM = 1 << 4,
+};
+
+/* A buffer of ibv_wr_set_inline_data_list. */
+struct ibv_data_buf {
+	void *addr;
+	size_t length;
 };
 
 struct ibv_sge {
@@ -695,6 +1086,170 @@ struct ibv_qp {
 	uint32_t events_completed;
 };
 
+/* A receive work queue: declared only (ibv_create_wq is EOPNOTSUPP). */
+struct ibv_wq {
+	struct ibv_context *context;
+	void *wq_context;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	uint32_t wq_num;
+	uint32_t handle;
+	enum ibv_wq_state state;
+	enum ibv_wq_type wq_type;
+	int (*post_recv)(struct ibv_wq *current, struct ibv_recv_wr *recv_wr, struct ibv_recv_wr **bad_recv_wr);
+	pthread_mutex_t mutex;
+	pthread_cond_t cond;
+	uint32_t events_completed;
+	uint32_t comp_mask;
+};
+
+static inline int ibv_post_wq_recv(struct ibv_wq *wq, struct ibv_recv_wr *recv_wr, struct ibv_recv_wr **bad_recv_wr)
+{
+	return wq->post_recv(wq, recv_wr, bad_recv_wr);
+}
+
+/* The extended QP of ibv_create_qp_ex with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: work requests are
+ * built between ibv_wr_start and ibv_wr_complete (or ibv_wr_abort). Each builder reads
+ * wr_id and wr_flags (enum ibv_send_flags) as they are when it is called. The entries exist
+ * for every operation; one the QP was not made with records EOPNOTSUPP, which
+ * ibv_wr_complete then returns without posting the batch. */
+struct ibv_qp_ex {
+	struct ibv_qp qp_base;
+	uint64_t comp_mask;
+
+	uint64_t wr_id;
+	unsigned int wr_flags;
+
+	void (*wr_atomic_cmp_swp)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, uint64_t compare,
+				  uint64_t swap);
+	void (*wr_atomic_fetch_add)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, uint64_t add);
+	void (*wr_bind_mw)(struct ibv_qp_ex *qp, struct ibv_mw *mw, uint32_t rkey,
+			   const struct ibv_mw_bind_info *bind_info);
+	void (*wr_local_inv)(struct ibv_qp_ex *qp, uint32_t invalidate_rkey);
+	void (*wr_rdma_read)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr);
+	void (*wr_rdma_write)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr);
+	void (*wr_rdma_write_imm)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, __be32 imm_data);
+
+	void (*wr_send)(struct ibv_qp_ex *qp);
+	void (*wr_send_imm)(struct ibv_qp_ex *qp, __be32 imm_data);
+	void (*wr_send_inv)(struct ibv_qp_ex *qp, uint32_t invalidate_rkey);
+	void (*wr_send_tso)(struct ibv_qp_ex *qp, void *hdr, uint16_t hdr_sz, uint16_t mss);
+
+	void (*wr_set_ud_addr)(struct ibv_qp_ex *qp, struct ibv_ah *ah, uint32_t remote_qpn, uint32_t remote_qkey);
+	void (*wr_set_xrc_srqn)(struct ibv_qp_ex *qp, uint32_t remote_srqn);
+
+	void (*wr_set_inline_data)(struct ibv_qp_ex *qp, void *addr, size_t length);
+	void (*wr_set_inline_data_list)(struct ibv_qp_ex *qp, size_t num_buf, const struct ibv_data_buf *buf_list);
+	void (*wr_set_sge)(struct ibv_qp_ex *qp, uint32_t lkey, uint64_t addr, uint32_t length);
+	void (*wr_set_sge_list)(struct ibv_qp_ex *qp, size_t num_sge, const struct ibv_sge *sg_list);
+
+	void (*wr_start)(struct ibv_qp_ex *qp);
+	int (*wr_complete)(struct ibv_qp_ex *qp);
+	void (*wr_abort)(struct ibv_qp_ex *qp);
+
+	void (*wr_atomic_write)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, const void *atomic_wr);
+	void (*wr_flush)(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len, uint8_t type,
+			 uint8_t level);
+};
+
+/* The extended view of a QP made by ibv_create_qp_ex with send_ops_flags; NULL for others. */
+struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp);
+
+static inline void ibv_wr_atomic_cmp_swp(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr,
+					 uint64_t compare, uint64_t swap)
+{
+	qp->wr_atomic_cmp_swp(qp, rkey, remote_addr, compare, swap);
+}
+static inline void ibv_wr_atomic_fetch_add(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, uint64_t add)
+{
+	qp->wr_atomic_fetch_add(qp, rkey, remote_addr, add);
+}
+static inline void ibv_wr_bind_mw(struct ibv_qp_ex *qp, struct ibv_mw *mw, uint32_t rkey,
+				  const struct ibv_mw_bind_info *bind_info)
+{
+	qp->wr_bind_mw(qp, mw, rkey, bind_info);
+}
+static inline void ibv_wr_local_inv(struct ibv_qp_ex *qp, uint32_t invalidate_rkey)
+{
+	qp->wr_local_inv(qp, invalidate_rkey);
+}
+static inline void ibv_wr_rdma_read(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr)
+{
+	qp->wr_rdma_read(qp, rkey, remote_addr);
+}
+static inline void ibv_wr_rdma_write(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr)
+{
+	qp->wr_rdma_write(qp, rkey, remote_addr);
+}
+static inline void ibv_wr_flush(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, size_t len, uint8_t type,
+				uint8_t level)
+{
+	qp->wr_flush(qp, rkey, remote_addr, len, type, level);
+}
+static inline void ibv_wr_rdma_write_imm(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr, __be32 imm_data)
+{
+	qp->wr_rdma_write_imm(qp, rkey, remote_addr, imm_data);
+}
+static inline void ibv_wr_send(struct ibv_qp_ex *qp)
+{
+	qp->wr_send(qp);
+}
+static inline void ibv_wr_send_imm(struct ibv_qp_ex *qp, __be32 imm_data)
+{
+	qp->wr_send_imm(qp, imm_data);
+}
+static inline void ibv_wr_send_inv(struct ibv_qp_ex *qp, uint32_t invalidate_rkey)
+{
+	qp->wr_send_inv(qp, invalidate_rkey);
+}
+static inline void ibv_wr_send_tso(struct ibv_qp_ex *qp, void *hdr, uint16_t hdr_sz, uint16_t mss)
+{
+	qp->wr_send_tso(qp, hdr, hdr_sz, mss);
+}
+static inline void ibv_wr_set_ud_addr(struct ibv_qp_ex *qp, struct ibv_ah *ah, uint32_t remote_qpn,
+				      uint32_t remote_qkey)
+{
+	qp->wr_set_ud_addr(qp, ah, remote_qpn, remote_qkey);
+}
+static inline void ibv_wr_set_xrc_srqn(struct ibv_qp_ex *qp, uint32_t remote_srqn)
+{
+	qp->wr_set_xrc_srqn(qp, remote_srqn);
+}
+static inline void ibv_wr_set_inline_data(struct ibv_qp_ex *qp, void *addr, size_t length)
+{
+	qp->wr_set_inline_data(qp, addr, length);
+}
+static inline void ibv_wr_set_inline_data_list(struct ibv_qp_ex *qp, size_t num_buf,
+					       const struct ibv_data_buf *buf_list)
+{
+	qp->wr_set_inline_data_list(qp, num_buf, buf_list);
+}
+static inline void ibv_wr_set_sge(struct ibv_qp_ex *qp, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+	qp->wr_set_sge(qp, lkey, addr, length);
+}
+static inline void ibv_wr_set_sge_list(struct ibv_qp_ex *qp, size_t num_sge, const struct ibv_sge *sg_list)
+{
+	qp->wr_set_sge_list(qp, num_sge, sg_list);
+}
+static inline void ibv_wr_start(struct ibv_qp_ex *qp)
+{
+	qp->wr_start(qp);
+}
+static inline int ibv_wr_complete(struct ibv_qp_ex *qp)
+{
+	return qp->wr_complete(qp);
+}
+static inline void ibv_wr_abort(struct ibv_qp_ex *qp)
+{
+	qp->wr_abort(qp);
+}
+static inline void ibv_wr_atomic_write(struct ibv_qp_ex *qp, uint32_t rkey, uint64_t remote_addr,
+				       const void *atomic_wr)
+{
+	qp->wr_atomic_write(qp, rkey, remote_addr, atomic_wr);
+}
+
 /* Enhanced connection establishment options (IB): none on iWARP. */
 struct ibv_ece {
 	uint32_t vendor_id;
@@ -721,9 +1276,380 @@ struct ibv_cq {
 	uint32_t async_events_completed;
 };
 
+struct ibv_poll_cq_attr {
+	uint32_t comp_mask; /* must be 0 */
+};
+
+struct ibv_wc_tm_info {
+	uint64_t tag;
+	uint32_t priv;
+};
+
+/* The CQ of ibv_create_cq_ex. Between ibv_start_poll (0, or ENOENT when empty) and
+ * ibv_end_poll, status and wr_id describe the current completion and the ibv_wc_read_*
+ * accessors its other fields; ibv_next_poll moves to the next one (ENOENT: none). */
+struct ibv_cq_ex {
+	struct ibv_context *context;
+	struct ibv_comp_channel *channel;
+	void *cq_context;
+	uint32_t handle;
+	int cqe;
+
+	pthread_mutex_t mutex;
+	pthread_cond_t cond;
+	uint32_t comp_events_completed;
+	uint32_t async_events_completed;
+
+	uint32_t comp_mask;
+	enum ibv_wc_status status;
+	uint64_t wr_id;
+	int (*start_poll)(struct ibv_cq_ex *current, struct ibv_poll_cq_attr *attr);
+	int (*next_poll)(struct ibv_cq_ex *current);
+	void (*end_poll)(struct ibv_cq_ex *current);
+	enum ibv_wc_opcode (*read_opcode)(struct ibv_cq_ex *current);
+	uint32_t (*read_vendor_err)(struct ibv_cq_ex *current);
+	uint32_t (*read_byte_len)(struct ibv_cq_ex *current);
+	__be32 (*read_imm_data)(struct ibv_cq_ex *current);
+	uint32_t (*read_qp_num)(struct ibv_cq_ex *current);
+	uint32_t (*read_src_qp)(struct ibv_cq_ex *current);
+	unsigned int (*read_wc_flags)(struct ibv_cq_ex *current);
+	uint32_t (*read_slid)(struct ibv_cq_ex *current);
+	uint8_t (*read_sl)(struct ibv_cq_ex *current);
+	uint8_t (*read_dlid_path_bits)(struct ibv_cq_ex *current);
+	uint64_t (*read_completion_ts)(struct ibv_cq_ex *current);
+	uint16_t (*read_cvlan)(struct ibv_cq_ex *current);
+	uint32_t (*read_flow_tag)(struct ibv_cq_ex *current);
+	void (*read_tm_info)(struct ibv_cq_ex *current, struct ibv_wc_tm_info *tm_info);
+	uint64_t (*read_completion_wallclock_ns)(struct ibv_cq_ex *current);
+};
+
+static inline struct ibv_cq *ibv_cq_ex_to_cq(struct ibv_cq_ex *cq)
+{
+	return (struct ibv_cq *)cq;
+}
+
+enum ibv_cq_attr_mask {
+	IBV_CQ_ATTR_MODERATE = 1 << 0,
+	IBV_CQ_ATTR_RESERVED = 1 << 1,
+};
+
+struct ibv_moderate_cq {
+	uint16_t cq_count;
+	uint16_t cq_period; /* microseconds */
+};
+
+struct ibv_modify_cq_attr {
+	uint32_t attr_mask;
+	struct ibv_moderate_cq moderate;
+};
+
+static inline int ibv_start_poll(struct ibv_cq_ex *cq, struct ibv_poll_cq_attr *attr)
+{
+	return cq->start_poll(cq, attr);
+}
+static inline int ibv_next_poll(struct ibv_cq_ex *cq)
+{
+	return cq->next_poll(cq);
+}
+static inline void ibv_end_poll(struct ibv_cq_ex *cq)
+{
+	cq->end_poll(cq);
+}
+static inline enum ibv_wc_opcode ibv_wc_read_opcode(struct ibv_cq_ex *cq)
+{
+	return cq->read_opcode(cq);
+}
+static inline uint32_t ibv_wc_read_vendor_err(struct ibv_cq_ex *cq)
+{
+	return cq->read_vendor_err(cq);
+}
+static inline uint32_t ibv_wc_read_byte_len(struct ibv_cq_ex *cq)
+{
+	return cq->read_byte_len(cq);
+}
+static inline __be32 ibv_wc_read_imm_data(struct ibv_cq_ex *cq)
+{
+	return cq->read_imm_data(cq);
+}
+/* The invalidated rkey of IBV_WC_WITH_INV shares the accessor of the immediate data. */
+static inline uint32_t ibv_wc_read_invalidated_rkey(struct ibv_cq_ex *cq)
+{
+	return (uint32_t)cq->read_imm_data(cq);
+}
+static inline uint32_t ibv_wc_read_qp_num(struct ibv_cq_ex *cq)
+{
+	return cq->read_qp_num(cq);
+}
+static inline uint32_t ibv_wc_read_src_qp(struct ibv_cq_ex *cq)
+{
+	return cq->read_src_qp(cq);
+}
+static inline unsigned int ibv_wc_read_wc_flags(struct ibv_cq_ex *cq)
+{
+	return cq->read_wc_flags(cq);
+}
+static inline uint32_t ibv_wc_read_slid(struct ibv_cq_ex *cq)
+{
+	return cq->read_slid(cq);
+}
+static inline uint8_t ibv_wc_read_sl(struct ibv_cq_ex *cq)
+{
+	return cq->read_sl(cq);
+}
+static inline uint8_t ibv_wc_read_dlid_path_bits(struct ibv_cq_ex *cq)
+{
+	return cq->read_dlid_path_bits(cq);
+}
+static inline uint64_t ibv_wc_read_completion_ts(struct ibv_cq_ex *cq)
+{
+	return cq->read_completion_ts(cq);
+}
+static inline uint64_t ibv_wc_read_completion_wallclock_ns(struct ibv_cq_ex *cq)
+{
+	return cq->read_completion_wallclock_ns(cq);
+}
+static inline uint16_t ibv_wc_read_cvlan(struct ibv_cq_ex *cq)
+{
+	return cq->read_cvlan(cq);
+}
+static inline uint32_t ibv_wc_read_flow_tag(struct ibv_cq_ex *cq)
+{
+	return cq->read_flow_tag(cq);
+}
+static inline void ibv_wc_read_tm_info(struct ibv_cq_ex *cq, struct ibv_wc_tm_info *tm_info)
+{
+	cq->read_tm_info(cq, tm_info);
+}
+
 struct ibv_ah {
 	struct ibv_context *context;
 	struct ibv_pd *pd;
+	uint32_t handle;
+};
+
+/* Flow steering: declared for programs that steer raw Ethernet traffic; ibv_create_flow
+ * fails with EOPNOTSUPP (peercm has no raw packet QPs). */
+enum ibv_flow_flags {
+	IBV_FLOW_ATTR_FLAGS_DONT_TRAP = 1 << 1,
+	IBV_FLOW_ATTR_FLAGS_EGRESS = 1 << 2,
+};
+
+enum ibv_flow_attr_type {
+	IBV_FLOW_ATTR_NORMAL = 0x0,
+	IBV_FLOW_ATTR_ALL_DEFAULT = 0x1,
+	IBV_FLOW_ATTR_MC_DEFAULT = 0x2,
+	IBV_FLOW_ATTR_SNIFFER = 0x3,
+};
+
+enum ibv_flow_spec_type {
+	IBV_FLOW_SPEC_ETH = 0x20,
+	IBV_FLOW_SPEC_IPV4 = 0x30,
+	IBV_FLOW_SPEC_IPV6 = 0x31,
+	IBV_FLOW_SPEC_IPV4_EXT = 0x32,
+	IBV_FLOW_SPEC_ESP = 0x34,
+	IBV_FLOW_SPEC_TCP = 0x40,
+	IBV_FLOW_SPEC_UDP = 0x41,
+	IBV_FLOW_SPEC_VXLAN_TUNNEL = 0x50,
+	IBV_FLOW_SPEC_GRE = 0x51,
+	IBV_FLOW_SPEC_MPLS = 0x60,
+	IBV_FLOW_SPEC_INNER = 0x100,
+	IBV_FLOW_SPEC_ACTION_TAG = 0x1000,
+	IBV_FLOW_SPEC_ACTION_DROP = 0x1001,
+	IBV_FLOW_SPEC_ACTION_HANDLE = 0x1002,
+	IBV_FLOW_SPEC_ACTION_COUNT = 0x1003,
+};
+
+#define ETHERNET_LL_SIZE ETH_ALEN
+
+struct ibv_flow_eth_filter {
+	uint8_t dst_mac[ETHERNET_LL_SIZE];
+	uint8_t src_mac[ETHERNET_LL_SIZE];
+	uint16_t ether_type;
+	uint16_t vlan_tag; /* 802.1Q: priority 3 bits, CFI 1, VLAN id 12 */
+};
+
+struct ibv_flow_spec_eth {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_flow_eth_filter val;
+	struct ibv_flow_eth_filter mask;
+};
+
+struct ibv_flow_ipv4_filter {
+	uint32_t src_ip;
+	uint32_t dst_ip;
+};
+
+struct ibv_flow_spec_ipv4 {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_flow_ipv4_filter val;
+	struct ibv_flow_ipv4_filter mask;
+};
+
+struct ibv_flow_ipv4_ext_filter {
+	uint32_t src_ip;
+	uint32_t dst_ip;
+	uint8_t proto;
+	uint8_t tos;
+	uint8_t ttl;
+	uint8_t flags;
+};
+
+struct ibv_flow_spec_ipv4_ext {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_flow_ipv4_ext_filter val;
+	struct ibv_flow_ipv4_ext_filter mask;
+};
+
+struct ibv_flow_ipv6_filter {
+	uint8_t src_ip[16];
+	uint8_t dst_ip[16];
+	uint32_t flow_label;
+	uint8_t next_hdr;
+	uint8_t traffic_class;
+	uint8_t hop_limit;
+};
+
+struct ibv_flow_spec_ipv6 {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_flow_ipv6_filter val;
+	struct ibv_flow_ipv6_filter mask;
+};
+
+struct ibv_flow_esp_filter {
+	uint32_t spi;
+	uint32_t seq;
+};
+
+struct ibv_flow_spec_esp {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_flow_esp_filter val;
+	struct ibv_flow_esp_filter mask;
+};
+
+struct ibv_flow_tcp_udp_filter {
+	uint16_t dst_port;
+	uint16_t src_port;
+};
+
+struct ibv_flow_spec_tcp_udp {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_flow_tcp_udp_filter val;
+	struct ibv_flow_tcp_udp_filter mask;
+};
+
+struct ibv_flow_gre_filter {
+	uint16_t c_ks_res0_ver; /* the first 16 bits of the GRE header */
+	uint16_t protocol;
+	uint32_t key;
+};
+
+struct ibv_flow_spec_gre {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_flow_gre_filter val;
+	struct ibv_flow_gre_filter mask;
+};
+
+struct ibv_flow_mpls_filter {
+	uint32_t label; /* the whole label entry: value, traffic class, bottom of stack, TTL */
+};
+
+struct ibv_flow_spec_mpls {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_flow_mpls_filter val;
+	struct ibv_flow_mpls_filter mask;
+};
+
+struct ibv_flow_tunnel_filter {
+	uint32_t tunnel_id;
+};
+
+struct ibv_flow_spec_tunnel {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_flow_tunnel_filter val;
+	struct ibv_flow_tunnel_filter mask;
+};
+
+struct ibv_flow_spec_action_tag {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	uint32_t tag_id;
+};
+
+struct ibv_flow_spec_action_drop {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+};
+
+struct ibv_flow_action {
+	struct ibv_context *context;
+};
+
+struct ibv_flow_spec_action_handle {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	const struct ibv_flow_action *action;
+};
+
+struct ibv_counters;
+
+struct ibv_flow_spec_counter_action {
+	enum ibv_flow_spec_type type;
+	uint16_t size;
+	struct ibv_counters *counters;
+};
+
+#if defined(__clang__) && defined(__cplusplus)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wnested-anon-types"
+#endif
+struct ibv_flow_spec {
+	union {
+		struct {
+			enum ibv_flow_spec_type type;
+			uint16_t size;
+		} hdr;
+		struct ibv_flow_spec_eth eth;
+		struct ibv_flow_spec_ipv4 ipv4;
+		struct ibv_flow_spec_tcp_udp tcp_udp;
+		struct ibv_flow_spec_ipv4_ext ipv4_ext;
+		struct ibv_flow_spec_ipv6 ipv6;
+		struct ibv_flow_spec_esp esp;
+		struct ibv_flow_spec_tunnel tunnel;
+		struct ibv_flow_spec_gre gre;
+		struct ibv_flow_spec_mpls mpls;
+		struct ibv_flow_spec_action_tag flow_tag;
+		struct ibv_flow_spec_action_drop drop;
+		struct ibv_flow_spec_action_handle handle;
+		struct ibv_flow_spec_counter_action flow_count;
+	};
+};
+#if defined(__clang__) && defined(__cplusplus)
+#pragma clang diagnostic pop
+#endif
+
+/* Followed in memory by num_of_specs flow specs. */
+struct ibv_flow_attr {
+	uint32_t comp_mask;
+	enum ibv_flow_attr_type type;
+	uint16_t size;
+	uint16_t priority;
+	uint8_t num_of_specs;
+	uint8_t port;
+	uint32_t flags;
+};
+
+struct ibv_flow {
+	uint32_t comp_mask;
+	struct ibv_context *context;
 	uint32_t handle;
 };
 
@@ -800,6 +1726,93 @@ struct ibv_context {
 	void *abi_compat;
 };
 
+enum ibv_cq_init_attr_mask {
+	IBV_CQ_INIT_ATTR_MASK_FLAGS = 1 << 0,
+	IBV_CQ_INIT_ATTR_MASK_PD = 1 << 1,
+};
+
+enum ibv_create_cq_attr_flags {
+	IBV_CREATE_CQ_ATTR_SINGLE_THREADED = 1 << 0,
+	IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN = 1 << 1,
+};
+
+struct ibv_cq_init_attr_ex {
+	uint32_t cqe;
+	void *cq_context;
+	struct ibv_comp_channel *channel;
+	uint32_t comp_vector;
+	uint64_t wc_flags;  /* enum ibv_create_cq_wc_flags */
+	uint32_t comp_mask; /* enum ibv_cq_init_attr_mask */
+	uint32_t flags;     /* enum ibv_create_cq_attr_flags */
+	struct ibv_pd *parent_domain;
+};
+
+enum ibv_qp_attach_comp_cntr_op {
+	IBV_QP_ATTACH_COMP_CNTR_OP_SEND = 1 << 0,
+	IBV_QP_ATTACH_COMP_CNTR_OP_RECV = 1 << 1,
+	IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_READ = 1 << 2,
+	IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_READ = 1 << 3,
+	IBV_QP_ATTACH_COMP_CNTR_OP_RDMA_WRITE = 1 << 4,
+	IBV_QP_ATTACH_COMP_CNTR_OP_REMOTE_RDMA_WRITE = 1 << 5,
+};
+
+/* Completion counters: ibv_query_comp_cntr_caps reports none (all zeros), and
+ * ibv_create_comp_cntr fails with EOPNOTSUPP. */
+struct ibv_comp_cntr_caps {
+	uint64_t max_value;
+	uint32_t max_counters;
+	uint32_t supported_qp_attach_ops; /* enum ibv_qp_attach_comp_cntr_op */
+};
+
+struct ibv_comp_cntr {
+	struct ibv_context *context;
+	uint32_t handle;
+};
+
+enum ibv_comp_cntr_type {
+	IBV_COMP_CNTR_TYPE_WRS,
+	IBV_COMP_CNTR_TYPE_BYTES,
+};
+
+struct ibv_comp_cntr_init_attr {
+	uint32_t comp_mask;
+	enum ibv_comp_cntr_type type;
+	uint32_t flags;
+};
+
+struct ibv_qp_attach_comp_cntr_attr {
+	uint32_t comp_mask;
+	uint32_t op_mask; /* enum ibv_qp_attach_comp_cntr_op */
+};
+
+enum ibv_parent_domain_init_attr_mask {
+	IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS = 1 << 0,
+	IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT = 1 << 1,
+	IBV_PARENT_DOMAIN_INIT_ATTR_ALLOW_CC_UNPROTECTED_ALLOC = 1 << 2,
+};
+
+#define IBV_ALLOCATOR_USE_DEFAULT ((void *)-1)
+
+struct ibv_parent_domain_init_attr {
+	struct ibv_pd *pd;
+	struct ibv_td *td;
+	uint32_t comp_mask;
+	void *(*alloc)(struct ibv_pd *pd, void *pd_context, size_t size, size_t alignment, uint64_t resource_type);
+	void (*free)(struct ibv_pd *pd, void *pd_context, void *ptr, uint64_t resource_type);
+	void *pd_context;
+};
+
+struct ibv_counters_init_attr {
+	uint32_t comp_mask;
+};
+
+struct ibv_counters {
+	struct ibv_context *context;
+};
+
+/* A buffer of ibv_alloc_buf: page-aligned ordinary memory (no CC-DMA bounce buffers). */
+struct ibv_buf;
+
 /* --- devices and contexts --- */
 struct ibv_device **ibv_get_device_list(int *num_devices);
 void ibv_free_device_list(struct ibv_device **list);
@@ -857,6 +1870,95 @@ int ibv_destroy_ah(struct ibv_ah *ah);
 int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc, struct ibv_grh *grh,
 			struct ibv_ah_attr *ah_attr);
 struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh, uint8_t port_num);
+
+/* --- extended queries --- */
+/* input may be NULL; a non-zero input->comp_mask is EINVAL. */
+int ibv_query_device_ex(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
+			struct ibv_device_attr_ex *attr);
+/* flags must be 0. The one GID of port 1 is index 0; others are EINVAL (ENODATA past the table). */
+int ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index, struct ibv_gid_entry *entry,
+		     uint32_t flags);
+/* The number of entries written, or a negative errno value. */
+ssize_t ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries, size_t max_entries,
+			    uint32_t flags);
+/* Port speed in units of 100 Mb/s. */
+int ibv_query_port_speed(struct ibv_context *context, uint32_t port_num, uint64_t *port_speed);
+/* No completion counters: 0 with every capability zero. */
+int ibv_query_comp_cntr_caps(struct ibv_context *context, struct ibv_comp_cntr_caps *caps);
+
+static inline int ibv_is_qpt_supported(uint32_t caps, enum ibv_qp_type qpt)
+{
+	return !!(caps & (1 << qpt));
+}
+
+/* --- extended completion queues, queue pairs and SRQs --- */
+struct ibv_cq_ex *ibv_create_cq_ex(struct ibv_context *context, struct ibv_cq_init_attr_ex *cq_attr);
+/* No CQ moderation: EOPNOTSUPP. */
+int ibv_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr);
+struct ibv_qp *ibv_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *qp_init_attr_ex);
+struct ibv_srq *ibv_create_srq_ex(struct ibv_context *context, struct ibv_srq_init_attr_ex *srq_init_attr_ex);
+/* The SRQ's number (its handle); 0 or an errno value. */
+int ibv_get_srq_num(struct ibv_srq *srq, uint32_t *srq_num);
+
+/* --- what peercm has not: each fails at run time as rdma-core does for a provider without
+ * the feature (NULL with errno EOPNOTSUPP, or EOPNOTSUPP returned) --- */
+struct ibv_xrcd *ibv_open_xrcd(struct ibv_context *context, struct ibv_xrcd_init_attr *xrcd_init_attr);
+int ibv_close_xrcd(struct ibv_xrcd *xrcd);
+struct ibv_qp *ibv_open_qp(struct ibv_context *context, struct ibv_qp_open_attr *qp_open_attr);
+int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid);
+int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid);
+struct ibv_flow *ibv_create_flow(struct ibv_qp *qp, struct ibv_flow_attr *flow);
+int ibv_destroy_flow(struct ibv_flow *flow_id);
+struct ibv_dm *ibv_alloc_dm(struct ibv_context *context, struct ibv_alloc_dm_attr *attr);
+int ibv_free_dm(struct ibv_dm *dm);
+struct ibv_mr *ibv_reg_dm_mr(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t dm_offset, size_t length,
+			     unsigned int access);
+static inline int ibv_memcpy_to_dm(struct ibv_dm *dm, uint64_t dm_offset, const void *host_addr, size_t length)
+{
+	return dm->memcpy_to_dm(dm, dm_offset, host_addr, length);
+}
+static inline int ibv_memcpy_from_dm(void *host_addr, struct ibv_dm *dm, uint64_t dm_offset, size_t length)
+{
+	return dm->memcpy_from_dm(host_addr, dm, dm_offset, length);
+}
+/* A null MR (writes through it are dropped, reads give zeros): none here. */
+struct ibv_mr *ibv_alloc_null_mr(struct ibv_pd *pd);
+int ibv_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags, struct ibv_sge *sg_list,
+		  uint32_t num_sge);
+struct ibv_td *ibv_alloc_td(struct ibv_context *context, struct ibv_td_init_attr *init_attr);
+int ibv_dealloc_td(struct ibv_td *td);
+struct ibv_pd *ibv_alloc_parent_domain(struct ibv_context *context, struct ibv_parent_domain_init_attr *attr);
+/* CC-DMA bounce buffers: NULL with errno EOPNOTSUPP. */
+void *ibv_alloc_buf(struct ibv_pd *pd, size_t size, struct ibv_buf **buf);
+void ibv_free_buf(struct ibv_buf *buf);
+struct ibv_mr *ibv_reg_buf_mr(struct ibv_pd *pd, struct ibv_buf *buf, void *addr, size_t length, int access);
+struct ibv_mw *ibv_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int ibv_dealloc_mw(struct ibv_mw *mw);
+int ibv_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *mw_bind);
+static inline uint32_t ibv_inc_rkey(uint32_t rkey)
+{
+	/* The low byte is the key the consumer owns; it wraps within itself. */
+	return (rkey & 0xffffff00u) | ((rkey + 1) & 0xffu);
+}
+struct ibv_comp_cntr *ibv_create_comp_cntr(struct ibv_context *context, struct ibv_comp_cntr_init_attr *cc_attr);
+int ibv_destroy_comp_cntr(struct ibv_comp_cntr *comp_cntr);
+int ibv_set_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t value);
+int ibv_set_err_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t value);
+int ibv_inc_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t amount);
+int ibv_inc_err_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t amount);
+int ibv_read_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t *value);
+int ibv_read_err_comp_cntr(struct ibv_comp_cntr *comp_cntr, uint64_t *value);
+int ibv_qp_attach_comp_cntr(struct ibv_qp *qp, struct ibv_comp_cntr *comp_cntr,
+			    struct ibv_qp_attach_comp_cntr_attr *attr);
+/* Enhanced connection establishment (an IB CM option): EOPNOTSUPP. */
+int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece);
+int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece);
+struct ibv_wq *ibv_create_wq(struct ibv_context *context, struct ibv_wq_init_attr *wq_init_attr);
+int ibv_modify_wq(struct ibv_wq *wq, struct ibv_wq_attr *wq_attr);
+int ibv_destroy_wq(struct ibv_wq *wq);
+struct ibv_rwq_ind_table *ibv_create_rwq_ind_table(struct ibv_context *context,
+						   struct ibv_rwq_ind_table_init_attr *init_attr);
+int ibv_destroy_rwq_ind_table(struct ibv_rwq_ind_table *rwq_ind_table);
 
 /* --- names --- */
 const char *ibv_node_type_str(enum ibv_node_type node_type);

@@ -11,6 +11,7 @@
 #include "api/cm_id_impl.hpp"
 #include "api/roce/roce_cm.hpp"
 #include "api/roce/roce_device.hpp"
+#include "engine/log.hpp"
 #include "wire/cm_header.hpp"
 
 namespace peercm {
@@ -81,6 +82,8 @@ CmIdImpl::~CmIdImpl() {
 
 void CmIdImpl::emit(CmEventType type, int status, ConnParam param, RejectReason reason) {
   if (!owner) return;
+  log::info("cm", "id {} ({}): {} status {}{}", number, to_string(transport), to_string(type), status,
+            type == CmEventType::rejected ? fmt::format(" reason {}", to_string(reason)) : std::string());
   CmEvent event;
   event.type = type;
   event.id = owner;
@@ -101,7 +104,10 @@ core::MpaConfig CmIdImpl::mpa_config(std::uint16_t ird, std::uint16_t ord) const
   core::MpaConfig config;
   config.crc = crc;
   config.enhanced = true;
-  config.peer_to_peer = peer_to_peer;
+  // docs/p2p.md "RTR on every connection": every enhanced Request offers the RFC 6581 RTR
+  // types, whatever the CmId's collision model, so the passive side may speak first on
+  // client/server connections too. The collision model travels in the CM header, not here.
+  config.peer_to_peer = true;
   config.ird = ird;
   config.ord = ord;
   config.timeout = std::chrono::milliseconds(connect_timeout_ms);
@@ -326,26 +332,25 @@ bool CmIdImpl::displace_stalled_handshake() {
 void CmIdImpl::on_incoming_request(const std::shared_ptr<Connection>& conn) {
   std::erase(handshaking, conn);
   const core::MpaResult& request = conn->responder()->request();
-  if (request.peer_to_peer) {
-    // design.md §3 rules 1-2: a p2p request names its sender; the resolver decides.
-    if (auto header = wire::decode_cm_header(request.peer_private_data)) {
-      const sockaddr_in from = conn->peer_address();
-      const std::uint16_t port = header->header.listen_port;
-      const core::P2pKey request_key{ntohl(from.sin_addr.s_addr), port, header->header.tag,
-                                     port == 0 ? header->header.node_guid : 0};
-      const core::LinkId link_id = ctx->p2p->new_link();
-      const core::NodeIdentity sender{header->header.node_guid, header->header.incarnation};
-      if (pending > 0) --pending;  // the resolver's verdict, not the backlog, governs it now
-      ctx->p2p->park_request(link_id, conn, shared_from_this(), sender, header->header.cmid);
-      Connection::Callbacks parked;
-      P2pDriver* driver = ctx->p2p.get();
-      parked.closed = [driver, link_id] { driver->link_closed(link_id); };
-      conn->set_callbacks(std::move(parked));
-      const core::Time now(std::chrono::steady_clock::now().time_since_epoch());
-      ctx->p2p->resolver().handle_request(request_key, link_id, sender, header->header.cmid, now);
-      ctx->p2p->run();
-      return;
-    }
+  // docs/p2p.md rules 1-2: a p2p request names its sender in the CM header (whatever the
+  // Request's RFC 6581 A flag says: every peercm Request sets it); the resolver decides.
+  if (auto header = wire::decode_cm_header(request.peer_private_data)) {
+    const sockaddr_in from = conn->peer_address();
+    const std::uint16_t port = header->header.listen_port;
+    const core::P2pKey request_key{ntohl(from.sin_addr.s_addr), port, header->header.tag,
+                                   port == 0 ? header->header.node_guid : 0};
+    const core::LinkId link_id = ctx->p2p->new_link();
+    const core::NodeIdentity sender{header->header.node_guid, header->header.incarnation};
+    if (pending > 0) --pending;  // the resolver's verdict, not the backlog, governs it now
+    ctx->p2p->park_request(link_id, conn, shared_from_this(), sender, header->header.cmid);
+    Connection::Callbacks parked;
+    P2pDriver* driver = ctx->p2p.get();
+    parked.closed = [driver, link_id] { driver->link_closed(link_id); };
+    conn->set_callbacks(std::move(parked));
+    const core::Time now(std::chrono::steady_clock::now().time_since_epoch());
+    ctx->p2p->resolver().handle_request(request_key, link_id, sender, header->header.cmid, now);
+    ctx->p2p->run();
+    return;
   }
   deliver_request(conn, request.peer_private_data, 0, {}, {}, 0);
 }
@@ -357,7 +362,7 @@ void CmIdImpl::deliver_request(const std::shared_ptr<Connection>& conn, std::spa
   auto child_impl = std::make_shared<CmIdImpl>(ctx, channel, user_context);
   child_impl->public_context = public_context;
   child_impl->state = State::request_received;
-  child_impl->peer_to_peer = request.peer_to_peer;
+  child_impl->peer_to_peer = link_id != 0;  // the request carried a CM header
   child_impl->crc = crc;
   child_impl->tag = request_key.tag;
   child_impl->connect_timeout_ms = connect_timeout_ms;
@@ -386,6 +391,8 @@ void CmIdImpl::deliver_request(const std::shared_ptr<Connection>& conn, std::spa
   event.param.responder_resources = static_cast<std::uint8_t>(std::min<int>(request.peer_ord, 255));
   event.param.initiator_depth = static_cast<std::uint8_t>(std::min<int>(request.peer_ird, 255));
   event.new_id = std::move(child);
+  log::info("cm", "id {} (iwarp, listener): CONNECT_REQUEST from {} as new id {} ({})", number,
+            log::address(child_impl->peer), child_impl->number, link_id != 0 ? "p2p, no colliding attempt" : "client/server");
   channel->push(std::move(event));
 }
 
@@ -582,6 +589,9 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
   if (impl.state == detail::CmIdImpl::State::established) return fail(std::errc::already_connected);
   if (impl.state == detail::CmIdImpl::State::connecting) return fail(std::errc::connection_already_in_progress);
   if (impl.state != detail::CmIdImpl::State::route_resolved) return fail(std::errc::invalid_argument);
+  log::info("cm", "id {} ({}): connect to {}, {}", impl.number, to_string(impl.transport),
+            log::address(impl.destination),
+            impl.peer_to_peer ? fmt::format("p2p, tag {}", impl.tag) : std::string("client/server"));
   if (impl.transport == Transport::roce) return detail::roce::connect(impl, param, retracted);
   if (!impl.qp_impl) {
     if (!impl.claim_qp(param.qp_num)) return fail(std::errc::invalid_argument);

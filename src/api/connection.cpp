@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "engine/log.hpp"
 #include "engine/tcp_mss.hpp"
 #include "wire/fpdu.hpp"
 
@@ -27,6 +28,39 @@ constexpr std::size_t kMaxEarlyBytes = 64 * 1024;
 core::Time core_now() { return core::Time(std::chrono::steady_clock::now().time_since_epoch()); }
 
 }  // namespace
+
+std::string_view rtr_name(core::RtrType rtr) {
+  switch (rtr) {
+    case core::RtrType::none: return "none";
+    case core::RtrType::write: return "zero-length Write";
+    case core::RtrType::read: return "zero-length Read";
+    case core::RtrType::send: return "zero-length Send";
+  }
+  return "?";
+}
+
+std::string_view failure_name(core::MpaFailure failure) {
+  switch (failure) {
+    case core::MpaFailure::timeout: return "no MPA frame before the connect timeout";
+    case core::MpaFailure::bad_frame: return "malformed MPA frame";
+    case core::MpaFailure::markers_requested: return "the peer asked for MPA Markers, which peercm refuses";
+    case core::MpaFailure::crc_conflict: return "CRC policies conflict";
+    case core::MpaFailure::insufficient_ird: return "our IRD cannot meet the responder's ORD (Terminate 2/0/6)";
+    case core::MpaFailure::no_matching_rtr: return "no common RTR type (Terminate 2/0/7)";
+    case core::MpaFailure::connection_closed: return "the peer closed the TCP connection during setup";
+  }
+  return "?";
+}
+
+std::string_view qp_event_name(core::QpEvent::Kind kind) {
+  switch (kind) {
+    case core::QpEvent::Kind::terminate_sent: return "we sent a Terminate";
+    case core::QpEvent::Kind::terminate_received: return "the peer sent a Terminate";
+    case core::QpEvent::Kind::connection_lost: return "the TCP connection failed or was reset";
+    case core::QpEvent::Kind::peer_closed: return "the peer closed the connection";
+  }
+  return "?";
+}
 
 void set_socket_options(int fd) {
   int one = 1;
@@ -314,6 +348,9 @@ void Connection::drain_mpa_events() {
     switch (event->kind) {
       case core::MpaEvent::Kind::established:
         result_ = event->result;
+        log::info("mpa", "{} {}: established, revision {}, CRC {}, IRD {} ORD {}, RTR {}",
+                  initiator_ ? "initiator to" : "responder for", log::address(peer_), result_->revision,
+                  result_->crc ? "on" : "off", result_->ird, result_->ord, rtr_name(result_->rtr));
         if (mpa_timer_) {
           ctx_->reactor.cancel_timer(*mpa_timer_);
           mpa_timer_.reset();
@@ -325,6 +362,12 @@ void Connection::drain_mpa_events() {
         break;
       case core::MpaEvent::Kind::rejected:
       case core::MpaEvent::Kind::failed:
+        if (event->kind == core::MpaEvent::Kind::rejected) {
+          log::info("mpa", "initiator to {}: the peer rejected the Request", log::address(peer_));
+        } else {
+          log::warn("mpa", "{} {}: setup failed: {}", initiator_ ? "initiator to" : "responder for",
+                    log::address(peer_), failure_name(event->failure));
+        }
         if (mpa_timer_) {
           ctx_->reactor.cancel_timer(*mpa_timer_);
           mpa_timer_.reset();
@@ -400,6 +443,16 @@ void Connection::start_engine() {
     return self && self->send_direct(wr);
   };
   qp_->engine.connect(params);
+  if (params.responder) {
+    // The first thing to look at when a server's first message never arrives.
+    if (r.rtr == core::RtrType::none) {
+      log::info("qp", "QP {} (responder for {}): sends wait for the initiator's first FPDU (RFC 5044 §7.1.2 "
+                "rule 4: its Request offered no RTR)", qp_->qp_num, log::address(peer_));
+    } else {
+      log::debug("qp", "QP {} (responder for {}): sends wait for the initiator's {} RTR", qp_->qp_num,
+                 log::address(peer_), rtr_name(r.rtr));
+    }
+  }
   if (!early_bytes_.empty()) {
     std::vector<std::uint8_t> early;
     early.swap(early_bytes_);
@@ -480,6 +533,14 @@ void Connection::drain_qp_events() {
     auto event = qp_->engine.poll_event();
     auto self = shared_from_this();  // a callback may drop the owner's reference
     do {
+      const bool terminate = event->kind == core::QpEvent::Kind::terminate_sent ||
+                             event->kind == core::QpEvent::Kind::terminate_received;
+      log::write(terminate ? log::Level::warn : log::Level::info, "qp",
+                 "QP {} ({}): {}{}; outstanding work requests flush", qp_->qp_num, log::address(peer_),
+                 qp_event_name(event->kind),
+                 terminate ? fmt::format(" (layer {} type {} code 0x{:02x})", static_cast<int>(event->code.layer),
+                                         static_cast<int>(event->code.error_type), event->code.error_code)
+                           : std::string());
       if (auto callback = callbacks_.qp_event) callback(*event);
     } while (qp_ && (event = qp_->engine.poll_event()));
   }

@@ -1,6 +1,7 @@
 #include <cerrno>
 
 #include "api/queue_pair_impl.hpp"
+#include "engine/log.hpp"
 
 namespace peercm {
 namespace detail {
@@ -163,6 +164,8 @@ Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   if (impl_->roce_ud) return fail(std::errc::invalid_argument);  // a UD send names its address: roce::post_ud_send
   auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine.post_send(wr);
   if (posted && impl_->kick_transmit) impl_->kick_transmit();
+  if (posted && log::enabled(log::Level::debug) && !impl_->roce && impl_->engine.transmit_fenced())
+    log::debug("qp", "QP {}: send WR {} held until the initiator's first FPDU arrives", impl_->qp_num, wr.wr_id);
   return posted;
 }
 

@@ -84,8 +84,11 @@ int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
 }
 
 int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
-  if (!attr) return fail_errno(EINVAL);
-  if (attr->comp_mask & ~static_cast<std::uint32_t>(IBV_QP_INIT_ATTR_PD)) return fail_errno(EOPNOTSUPP);
+  if (!id || !attr) return fail_errno(EINVAL);
+  constexpr std::uint32_t understood = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if (attr->comp_mask & ~understood) return fail_errno(EOPNOTSUPP);
+  const bool extended = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+  if (extended && (!id->verbs || !send_ops_supported(id->verbs, attr->send_ops_flags))) return fail_errno(EOPNOTSUPP);
   ibv_qp_init_attr plain{};
   plain.qp_context = attr->qp_context;
   plain.send_cq = attr->send_cq;
@@ -99,6 +102,7 @@ int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* attr) {
     attr->send_cq = plain.send_cq;
     attr->recv_cq = plain.recv_cq;
     attr->cap = plain.cap;
+    if (extended) make_qp_extended(id->qp, attr->send_ops_flags);  // ibv_qp_to_qp_ex(id->qp) finds it
   }
   return ret;
 }

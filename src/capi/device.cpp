@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <random>
 
 #include "capi/handles.hpp"
 #include "peercm/version.hpp"
@@ -169,7 +170,18 @@ void ibv_free_device_list(ibv_device** list) { std::free(list); }
 
 const char* ibv_get_device_name(ibv_device* device) { return device ? device->name : nullptr; }
 
-__be64 ibv_get_device_guid(ibv_device*) { return 0; }  // each opened context has its own GUID
+// The device's GUID in listings (ibv_devices): drawn once per process and never zero. Each
+// opened context is a node of its own and reports its own node GUID (ibv_query_device).
+__be64 ibv_get_device_guid(ibv_device* device) {
+  if (device != &g_device) return 0;
+  static const std::uint64_t guid = [] {
+    std::random_device source;
+    std::uint64_t drawn = 0;
+    while (drawn == 0) drawn = (std::uint64_t{source()} << 32) | source();
+    return drawn;
+  }();
+  return htobe64(guid);
+}
 
 ibv_context* ibv_open_device(ibv_device* device) {
   if (device != &g_device) {

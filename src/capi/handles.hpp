@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -115,8 +116,23 @@ struct CqState {
   std::condition_variable acked;
   std::uint64_t events_reported = 0;
   std::uint64_t events_acked = 0;
+  // ibv_create_cq_ex's poll: the completion between ibv_start_poll and ibv_end_poll.
+  WorkCompletion current{};
 };
-using CqShell = Shell<ibv_cq, CqState>;
+// Every CQ is allocated as an ibv_cq_ex (whose first members are ibv_cq's), so one made by
+// ibv_create_cq_ex and seen through ibv_cq_ex_to_cq finds its state like any other.
+struct CqShell {
+  union {
+    ibv_cq pub;
+    ibv_cq_ex ex;
+  };
+  CqState* state;
+};
+template <>
+inline CqState* state_of<CqState, ibv_cq>(ibv_cq* pub) {
+  static_assert(std::is_standard_layout_v<CqShell>);
+  return reinterpret_cast<CqShell*>(pub)->state;
+}
 
 // A shared receive queue. The QPs made with it are counted by the C++ SRQ itself
 // (ibv_destroy_srq's EBUSY).
@@ -145,8 +161,29 @@ struct QpHandleState {
   ibv_qp_state recorded = IBV_QPS_RESET;  // modify_qp's target before the connection runs it
   ibv_qp_cap caps{};
   int sq_sig_all = 0;
+  // ibv_create_qp_ex with send_ops_flags: the ibv_wr_* batch between wr_start and
+  // wr_complete (verbs_ex.cpp). `batch_error` is the first failure of a builder.
+  std::uint64_t send_ops = 0;
+  bool extended = false;
+  bool building = false;
+  int batch_error = 0;
+  std::vector<SendWr> batch;
+  std::deque<std::vector<std::uint8_t>> inline_copies;  // the bytes of inline WRs until posted
 };
-using QpShell = Shell<ibv_qp, QpHandleState>;
+// Every QP is allocated as an ibv_qp_ex (whose first member is the ibv_qp) for the same
+// reason as CQs.
+struct QpShell {
+  union {
+    ibv_qp pub;
+    ibv_qp_ex ex;
+  };
+  QpHandleState* state;
+};
+template <>
+inline QpHandleState* state_of<QpHandleState, ibv_qp>(ibv_qp* pub) {
+  static_assert(std::is_standard_layout_v<QpShell>);
+  return reinterpret_cast<QpShell*>(pub)->state;
+}
 
 struct EventChannelState {
   std::unique_ptr<EventChannel> cpp;
@@ -189,9 +226,15 @@ void fill_route(rdma_cm_id* id);
 
 // verbs_api.cpp, for rdma_create_qp and rdma_destroy_id.
 void detach_from_id(ibv_qp* qp);
+// verbs_api.cpp, for the extended CQ's poll (verbs_ex.cpp).
+ibv_wc to_ibv_wc(const WorkCompletion& in);
+// verbs_ex.cpp, for ibv_create_qp_ex and rdma_create_qp_ex: whether the context's QPs can
+// offer these ibv_wr_* operations, and turning a new QP into an ibv_qp_ex offering them.
+bool send_ops_supported(const ibv_context* context, std::uint64_t send_ops);
+void make_qp_extended(ibv_qp* qp, std::uint64_t send_ops);
 
 // verbs_roce.cpp: verbs without the CM over RoCE (docs/c-api.md, "RoCE without the CM").
-// The context runs RoCEv2 (PEERCM_TRANSPORT=roce), else iWARP.
+// The context runs RoCEv2 (a non-iWARP device, or PEERCM_TRANSPORT=roce), else iWARP.
 bool uses_roce(ibv_context* context);
 // ibv_query_gid of a RoCE context: index 0 its own 127/8 address, then the host's
 // interface addresses, each as ::ffff:a.b.c.d. 0, or -1 past the table's end.

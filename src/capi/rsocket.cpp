@@ -65,6 +65,9 @@ int rfcntl(int socket, int cmd, ...) {
   return ::fcntl(socket, cmd, arg);
 }
 
+// Remote I/O mapping puts the peer's riowrite() bytes into mapped memory with no call on
+// this side, which needs an agent reading the connection on its own and a framed stream;
+// these rsockets are plain kernel sockets with neither (docs/c-api.md), so it is not offered.
 off_t riomap(int, void*, size_t, int, int, off_t) {
   errno = ENOSYS;
   return -1;

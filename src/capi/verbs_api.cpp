@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <unordered_map>
 
 #include "capi/handles.hpp"
@@ -56,7 +57,9 @@ ibv_wc_opcode wc_opcode(WcOpcode opcode) {
   return IBV_WC_SEND;
 }
 
-ibv_wc to_ibv(const WorkCompletion& in) {
+}  // namespace
+
+ibv_wc to_ibv_wc(const WorkCompletion& in) {
   ibv_wc out{};
   out.wr_id = in.wr_id;
   out.status = wc_status(in.status);
@@ -75,6 +78,8 @@ ibv_wc to_ibv(const WorkCompletion& in) {
   out.src_qp = in.src_qp;
   return out;
 }
+
+namespace {
 
 // The state the application sees: the connection's once it runs, else what modify_qp set.
 ibv_qp_state effective_state(const QpHandleState& qp) {
@@ -269,6 +274,7 @@ ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_
   auto cq = CompletionQueue::create(cpp_context(context), static_cast<std::uint32_t>(cqe), cpp_channel);
   if (!cq) return fail_null<ibv_cq>(errno_of(cq.error()));
   auto* shell = new CqShell{};
+  std::memset(&shell->ex, 0, sizeof shell->ex);  // the extended part stays zero unless ibv_create_cq_ex fills it
   shell->state = new CqState{};
   shell->state->cpp = std::move(*cq);
   ibv_cq& pub = shell->pub;
@@ -361,7 +367,7 @@ int ibv_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
   while (done < num_entries) {
     const std::size_t want = std::min<std::size_t>(std::size(batch), static_cast<std::size_t>(num_entries - done));
     const std::size_t got = cpp.poll(std::span(batch, want));
-    for (std::size_t i = 0; i < got; ++i) wc[done++] = to_ibv(batch[i]);
+    for (std::size_t i = 0; i < got; ++i) wc[done++] = to_ibv_wc(batch[i]);
     if (got < want) break;
   }
   return done;
@@ -472,6 +478,7 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   auto qp = QueuePair::create(*state_of<PdState>(pd)->cpp, init);
   if (!qp) return fail_null<ibv_qp>(errno_of(qp.error()));
   auto* shell = new QpShell{};
+  std::memset(&shell->ex, 0, sizeof shell->ex);  // the extended part stays zero unless ibv_create_qp_ex fills it
   shell->state = new QpHandleState{};
   QpHandleState& state = *shell->state;
   state.cpp = std::move(*qp);

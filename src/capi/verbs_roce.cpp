@@ -89,7 +89,10 @@ int modify_ud_qp(ibv_qp* qp, const ibv_qp_attr& attr, int attr_mask) {
 
 }  // namespace
 
-bool uses_roce(ibv_context*) {
+// The rule of verbs_ex.cpp's runs_roce: a device that is not the iWARP one, else
+// PEERCM_TRANSPORT=roce.
+bool uses_roce(ibv_context* context) {
+  if (context->device && context->device->transport_type != IBV_TRANSPORT_IWARP) return true;
   const char* name = std::getenv("PEERCM_TRANSPORT");
   return name != nullptr && std::strcmp(name, "roce") == 0;
 }

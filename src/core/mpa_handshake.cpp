@@ -209,10 +209,14 @@ void MpaInitiator::on_reply(const MpaFrame& reply) {
   // RFC 6581 §9.1: our ORD must be <= the responder's IRD; 0x3FFF: leave our ORD unchanged.
   result_.ord = block.ird == kUlpNegotiates ? config_.ord : std::min(config_.ord, block.ird);
 
-  // RFC 6581 §9.2: in peer-to-peer mode pick an RTR type set in both frames.
+  // RFC 6581 §9.2: in peer-to-peer mode pick an RTR type set in both frames. A Reply with
+  // A=0 breaks §9.2's "MUST set A=1", but it is what a responder that knows only the
+  // client-server model sends: peercm offers the RTR on every connection (docs/p2p.md "RTR on
+  // every connection"), so it meets such responders and falls back to the RFC 5044 exchange,
+  // where our first FPDU lifts the responder's fence.
   result_.rtr = RtrType::none;
   result_.peer_to_peer = false;
-  if (sent_p2p_) {
+  if (sent_p2p_ && block.peer_to_peer) {
     const RtrType rtr = choose_initiator_rtr(block);
     if (rtr == RtrType::none) {
       fail(MpaFailure::no_matching_rtr, std::nullopt, /*send_terminate=*/true);  // Terminate 2/0/7

@@ -14,7 +14,7 @@ namespace {
 
 // Framed ahead of the socket: bounded in FPDUs and bytes, never a whole large message. 1 MiB
 // (16 full FPDUs, 49-51 iovecs: one sendmsg) streams 1 MiB messages 5-23 % faster than
-// 256 KiB did in order-alternating pairs (docs/performance.md, "Runs of 2026-12-02 noon").
+// 256 KiB did in order-alternating pairs (docs/performance.md, "Streams").
 constexpr std::size_t kTxBudgetBytes = 1024 * 1024;
 
 wire::RdmapOpcode send_opcode(const SendWr& wr) {

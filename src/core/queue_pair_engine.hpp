@@ -129,6 +129,9 @@ class QueuePairEngine {
   std::optional<QpEvent> poll_event();
   bool has_events() const { return !events_.empty(); }
   QpState state() const;
+  // RFC 5044 §7.1.2 rule 4: a responder sends nothing until the initiator's first FPDU (its
+  // RTR, when one was negotiated) has arrived. Diagnostics only.
+  bool transmit_fenced() const { return tx_fenced_; }
   // True once nothing more will be sent: the driver may close the socket (after draining).
   bool transmit_closed() const {
     return state_ == QpState::error && ring_count_ == 0 && (!terminate_ || terminate_framed_);

@@ -213,26 +213,88 @@ TEST(Connection, FallsBackToRevisionOneWhenThePeerAnswersWithIt) {
   EXPECT_EQ(fpdus[0].msn, 1u);
 }
 
-TEST(Connection, ResponderSendsNothingBeforeTheInitiatorsFirstFpdu) {
-  // RFC 5044 §7.1.2 rule 4 with p2p off: the server's early send waits for the client's.
+// docs/p2p.md "RTR on every connection": a client/server connection lets the passive side
+// speak first, as rdma-core's cmatose and perftest's write_lat -R expect: the server writes
+// and sends right after ESTABLISHED while the client only receives.
+class PassiveSideFirst : public ::testing::TestWithParam<Transport> {};
+
+TEST_P(PassiveSideFirst, ServerWritesAndSendsWhileTheClientOnlyReceives) {
   Options options;
+  options.peer_to_peer = false;
+  options.transport = GetParam();
   auto pair = LoopbackPair::connected(options);
-  std::vector<std::uint8_t> early(32, 0xE1), landing(32, 0);
-  auto early_mr = pair->server.region(early);
+  std::vector<std::uint8_t> written(64, 0xA7), target(64, 0), early(32, 0xE1), landing(32, 0);
+  auto target_mr = pair->client.region(target);
   auto landing_mr = pair->client.region(landing);
+  auto written_mr = pair->server.region(written);
+  auto early_mr = pair->server.region(early);
   ASSERT_TRUE(pair->client.qp->post_recv(RecvWr{.wr_id = 5, .sg_list = {landing_mr->sge()}}));
-  ASSERT_TRUE(pair->server.qp->post_send(SendWr{.wr_id = 6, .opcode = WrOpcode::send, .sg_list = {early_mr->sge()}}));
-  EXPECT_TRUE(poll_n(*pair->client.cq, 1, 300ms).empty()) << "the responder spoke first";
-  // The client's first FPDU lifts the fence; the held send then arrives intact.
-  std::vector<std::uint8_t> hello(8, 0x11), sink(8, 0);
-  auto hello_mr = pair->client.region(hello);
-  auto sink_mr = pair->server.region(sink);
-  ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = 8, .sg_list = {sink_mr->sge()}}));
-  ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = 7, .opcode = WrOpcode::send, .sg_list = {hello_mr->sge()}}));
-  auto done = poll_n(*pair->client.cq, 2);
-  ASSERT_EQ(done.size(), 2u);
+  ASSERT_TRUE(pair->server.qp->post_send(SendWr{.wr_id = 1,
+                                                .opcode = WrOpcode::rdma_write,
+                                                .sg_list = {written_mr->sge()},
+                                                .remote_addr = reinterpret_cast<std::uint64_t>(target.data()),
+                                                .rkey = target_mr->rkey()}));
+  ASSERT_TRUE(pair->server.qp->post_send(SendWr{.wr_id = 2, .opcode = WrOpcode::send, .sg_list = {early_mr->sge()}}));
+  auto received = poll_n(*pair->client.cq, 1, 5s);
+  ASSERT_EQ(received.size(), 1u) << "the passive side's first messages were held";
+  EXPECT_EQ(received[0].status, WcStatus::success);
+  EXPECT_EQ(received[0].wr_id, 5u);
   EXPECT_EQ(landing, early);
+  EXPECT_EQ(target, written) << "the Write was placed before the Send that followed it";
+  auto sent = poll_n(*pair->server.cq, 2, 5s);
+  ASSERT_EQ(sent.size(), 2u);
+  for (const WorkCompletion& wc : sent) EXPECT_EQ(wc.status, WcStatus::success);
 }
+
+INSTANTIATE_TEST_SUITE_P(BothTransports, PassiveSideFirst, ::testing::Values(Transport::iwarp, Transport::roce),
+                         transport_name);
+
+// A strict RFC 5044 initiator (revision 1, or revision 2 with A=0) offers no RTR: the
+// responder keeps the RFC 5044 §7.1.2 rule-4 fence, and its early Send goes out only after
+// the initiator's first FPDU.
+class StrictInitiator : public ::testing::TestWithParam<int> {};
+
+TEST_P(StrictInitiator, HoldsTheResponderUntilItsFirstFpdu) {
+  const int revision = GetParam();
+  LoopbackPair pair;
+  auto raw = RawSocket::connect_to(pair.port);
+  ASSERT_GE(raw.fd(), 0);
+  wire::MpaFrame request{.kind = wire::MpaFrameKind::request, .crc = true, .revision = static_cast<std::uint8_t>(revision)};
+  if (revision == 2) request.enhanced = wire::IrdOrdBlock{.peer_to_peer = false, .ird = 16, .ord = 16};
+  ASSERT_TRUE(raw.send_all(mpa_bytes(request)));
+  auto event = expect_event(*pair.server.channel, CmEventType::connect_request);
+  ASSERT_TRUE(event.new_id);
+  pair.server.id = std::move(event.new_id);
+  pair.server.qp = pair.server.id->create_qp(*pair.server.pd, pair.server.qp_attr()).value();
+  ASSERT_TRUE(pair.server.id->accept({}));
+  expect_event(*pair.server.channel, CmEventType::established);
+  const auto reply = read_mpa_frame(raw, 2s);
+  ASSERT_FALSE(reply.empty()) << "no MPA Reply";
+  EXPECT_EQ(reply[17], revision) << "the Reply follows the Request's revision";
+  if (revision == 2) {
+    EXPECT_EQ(reply[20] & 0x80, 0) << "A=0 in the Request gets A=0 in the Reply (RFC 6581 §9.2)";
+  }
+
+  std::vector<std::uint8_t> early(10, 0x5A), sink(8, 0);
+  auto early_mr = pair.server.region(early);
+  auto sink_mr = pair.server.region(sink);
+  ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = 8, .sg_list = {sink_mr->sge()}}));
+  ASSERT_TRUE(pair.server.qp->post_send(SendWr{.wr_id = 6, .opcode = WrOpcode::send, .sg_list = {early_mr->sge()}}));
+  EXPECT_TRUE(raw.read_for(300ms).empty()) << "the responder spoke before the initiator's first FPDU";
+
+  const std::vector<std::uint8_t> hello(8, 0x11);
+  ASSERT_TRUE(raw.send_all(fpdu_bytes(
+      wire::SegmentHeader{.opcode = wire::RdmapOpcode::send, .last = true, .queue_number = 0, .msn = 1}, hello, true)));
+  auto fpdus = decode_fpdus(raw.read_for(2s, nullptr, 2 + 18 + 10 + 4), true);
+  ASSERT_EQ(fpdus.size(), 1u) << "the held Send did not follow the initiator's first FPDU";
+  EXPECT_EQ(fpdus[0].opcode, wire::RdmapOpcode::send);
+  auto received = poll_n(*pair.server.cq, 2, 5s);
+  ASSERT_EQ(received.size(), 2u);
+  EXPECT_EQ(sink, hello);
+}
+
+INSTANTIATE_TEST_SUITE_P(Revisions, StrictInitiator, ::testing::Values(1, 2),
+                         [](const testing::TestParamInfo<int>& revision) { return "Revision" + std::to_string(revision.param); });
 
 TEST(Connection, PeerToPeerResponderMaySpeakFirst) {
   // design.md §3 rule 9: the RTR lifts the fence, so the passive side's send flows at once.

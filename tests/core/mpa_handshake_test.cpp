@@ -636,10 +636,13 @@ INSTANTIATE_TEST_SUITE_P(
              (c.send || c.write || c.read ? "" : "none");
     });
 
-TEST(MpaRtr, ReplyWithoutPeerToPeerFlagIsNoMatch) {
+TEST(MpaRtr, ReplyWithoutPeerToPeerFlagFallsBackToClientServer) {
+  // A responder that knows only the client-server model answers A=0: no RTR, no Terminate.
   MpaEvent e = initiator_outcome(config_with(CrcPolicy::preferred, true), encode(make_reply(cs_block(16, 16))));
-  EXPECT_EQ(e.failure, MpaFailure::no_matching_rtr);
-  EXPECT_TRUE(e.send_terminate);
+  EXPECT_EQ(e.kind, MpaEvent::Kind::established) << describe(e);
+  EXPECT_EQ(e.result.rtr, RtrType::none);
+  EXPECT_FALSE(e.result.peer_to_peer);
+  EXPECT_FALSE(e.send_terminate);
 }
 
 TEST(MpaRtr, ClientServerInitiatorIgnoresPeerToPeerReply) {

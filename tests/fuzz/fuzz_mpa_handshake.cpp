@@ -233,7 +233,8 @@ void run_initiator(const Setup& s, std::span<const std::uint8_t> peer) {
   FUZZ_CHECK(!reply->enhanced || s.config.enhanced, "established on an IRD/ORD block we did not offer");
   FUZZ_CHECK(r.ird == s.config.ird, "initiator IRD changed");
   const bool p2p = s.config.enhanced && s.config.peer_to_peer;
-  FUZZ_CHECK(r.peer_to_peer == (p2p && reply->enhanced.has_value()), "peer-to-peer without both sides");
+  FUZZ_CHECK(r.peer_to_peer == (p2p && reply->enhanced.has_value() && reply->enhanced->peer_to_peer),
+             "peer-to-peer without both sides' A flag");
   const IrdOrdBlock block = reply->enhanced.value_or(IrdOrdBlock{});
   switch (r.rtr) {
     case RtrType::none: FUZZ_CHECK(!r.peer_to_peer, "peer-to-peer without an RTR"); break;

@@ -8,6 +8,7 @@
 #include "api/cm_id_impl.hpp"
 #include "api/roce/roce_device.hpp"
 #include "api/roce/roce_qp.hpp"
+#include "engine/log.hpp"
 
 namespace peercm::detail::roce {
 
@@ -121,6 +122,8 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   out.listen_id = listener->owner;
   out.param = event_param(event);
   out.new_id = std::move(child);
+  log::info("cm", "id {} (roce, listener): CONNECT_REQUEST from {} as new id {} ({})", listener->number,
+            log::address(child_impl->peer), child_impl->number, event.peer_to_peer ? "p2p" : "client/server");
   child_impl->channel->push(std::move(out));
 }
 
@@ -403,6 +406,9 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
       }
       id->state = CmIdImpl::State::established;
       id->peer = socket_address(from_bytes(event.peer_address), event.port);
+      log::info("ibcm", "id {} to {}: established, remote QPN {} starting PSN {}, resources {}/{}, RNR retry {}",
+                id->number, log::address(id->peer), event.peer.qpn, event.peer.starting_psn,
+                event.peer.responder_resources, event.peer.initiator_depth, event.peer.rnr_retry_count);
       ConnParam param = event_param(event);
       // The RTU already left: establish() only closes the exchange, as over iWARP.
       id->response_pending = id->qp_by_number;
@@ -443,6 +449,9 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
 }
 
 void on_qp_error(RoceDevice& device, QueuePairImpl& qp, const core::roce::RcEvent& event) {
+  log::write(event.cause == core::roce::RcErrorCause::modified_to_error ? log::Level::info : log::Level::warn, "qp",
+             "QP {} (RoCE RC): ERROR, {}{}; outstanding work requests flush", qp.qp_num,
+             core::roce::to_string(event.cause), event.has_wr ? fmt::format(" (WR {})", event.wr_id) : std::string());
   if (event.cause == core::roce::RcErrorCause::modified_to_error) return;  // the CM did it
   auto id = qp.roce->owner.lock();
   if (!id || id->state != CmIdImpl::State::established || id->roce_id == 0) return;
