@@ -1810,7 +1810,7 @@ struct ibv_counters {
 	struct ibv_context *context;
 };
 
-/* A buffer of ibv_alloc_buf (CC-DMA bounce memory): none here. */
+/* A buffer of ibv_alloc_buf: page-aligned ordinary memory (no CC-DMA bounce buffers). */
 struct ibv_buf;
 
 /* --- devices and contexts --- */
@@ -1855,7 +1855,7 @@ int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr);
 int ibv_destroy_srq(struct ibv_srq *srq);
 int ibv_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *recv_wr, struct ibv_recv_wr **bad_recv_wr);
 
-/* --- queue pairs (RC only) --- */
+/* --- queue pairs: RC; UD over RoCE (PEERCM_TRANSPORT=roce); no UC --- */
 struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr);
 int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
 int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask, struct ibv_qp_init_attr *init_attr);
@@ -1863,9 +1863,13 @@ int ibv_destroy_qp(struct ibv_qp *qp);
 int ibv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 int ibv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 
-/* --- address handles: UD only, so never available here (NULL, errno EOPNOTSUPP) --- */
+/* --- address handles, for UD sends: RoCE only (EOPNOTSUPP over iWARP); the GRH with an
+ * IPv4-mapped GID (::ffff:a.b.c.d) is required --- */
 struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int ibv_destroy_ah(struct ibv_ah *ah);
+int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc, struct ibv_grh *grh,
+			struct ibv_ah_attr *ah_attr);
+struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc, struct ibv_grh *grh, uint8_t port_num);
 
 /* --- extended queries --- */
 /* input may be NULL; a non-zero input->comp_mask is EINVAL. */

@@ -141,6 +141,7 @@ enum WcFlags : std::uint32_t {
   kWcWithInvalidate = 1u << 0,  // the peer's Send invalidated `invalidated_rkey`
   kWcSolicited = 1u << 1,       // the Send carried the Solicited Event bit
   kWcWithImm = 1u << 2,         // `imm_data` is valid (IBV_WC_WITH_IMM)
+  kWcGrh = 1u << 3,             // UD over RoCE: the receive starts with the 40-byte GRH area (IBV_WC_GRH)
 };
 
 struct WorkCompletion {
@@ -153,6 +154,8 @@ struct WorkCompletion {
   std::uint32_t invalidated_rkey = 0;
   // With kWcWithImm: the peer's SendWr::imm_data, network byte order as ibv_wc's imm_data.
   std::uint32_t imm_data = 0;
+  // UD receives: the sender's QPN (from its DETH), as ibv_wc's src_qp.
+  std::uint32_t src_qp = 0;
 };
 
 enum class QpState : std::uint8_t { reset, init, rtr, rts, error };

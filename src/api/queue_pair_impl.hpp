@@ -28,6 +28,8 @@ struct QueuePairImpl {
   core::QueuePairEngine engine;
   // A QP of a RoCE CmId runs on this RC core instead of `engine`, which then stays idle.
   std::unique_ptr<roce::RoceQp> roce;
+  // A UD QP of a RoCE context (ibv_create_qp IBV_QPT_UD) runs on this core instead.
+  std::unique_ptr<roce::RoceUdQp> roce_ud;
   // Set by the connection carrying this QP: pushes pending bytes to the socket.
   // Called with the context lock held.
   std::function<void()> kick_transmit;

@@ -151,6 +151,7 @@ const QpCaps& QueuePair::caps() const { return impl_->caps; }
 QpState QueuePair::state() const {
   std::lock_guard lock(impl_->context->mutex);
   if (impl_->roce) return impl_->roce->rc.state();
+  if (impl_->roce_ud) return impl_->roce_ud->ud.state();
   return impl_->engine.state();
 }
 
@@ -160,6 +161,7 @@ Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   // keeps a parked progress thread away like a poller's passes.
   impl_->context->reactor.note_poller_work();
   if (impl_->send_direct && impl_->send_direct(wr)) return {};
+  if (impl_->roce_ud) return fail(std::errc::invalid_argument);  // a UD send names its address: roce::post_ud_send
   auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine.post_send(wr);
   if (posted && impl_->kick_transmit) impl_->kick_transmit();
   if (posted && log::enabled(log::Level::debug) && !impl_->roce && impl_->engine.transmit_fenced())
@@ -175,6 +177,7 @@ Status<std::errc> QueuePair::post_recv(const RecvWr& wr) {
     if (posted && impl_->kick_transmit) impl_->kick_transmit();
     return posted;
   }
+  if (impl_->roce_ud) return impl_->roce_ud->ud.post_recv(wr);
   return impl_->engine.post_recv(wr);
 }
 
@@ -182,6 +185,8 @@ void QueuePair::to_error() {
   std::lock_guard lock(impl_->context->mutex);
   if (impl_->roce) {
     impl_->roce->rc.modify_to_error();
+  } else if (impl_->roce_ud) {
+    impl_->roce_ud->ud.modify_to_error();
   } else {
     impl_->engine.disconnect();
   }

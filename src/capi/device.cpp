@@ -298,26 +298,6 @@ int ibv_query_device(ibv_context* context, ibv_device_attr* attr) {
   return 0;
 }
 
-namespace {
-
-// A RoCEv2 GID is an IP address as IPv6, IPv4 ones mapped (::ffff:a.b.c.d). The RoCE device's
-// table lists the IPv4 addresses of the host's interfaces that are up, in getifaddrs() order:
-// the addresses its CM and QPs can take (docs/roce-transport.md).
-std::vector<std::uint32_t> roce_gid_addresses() {
-  std::vector<std::uint32_t> out;  // network order
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return out;
-  for (const ifaddrs* entry = list; entry != nullptr && out.size() < kRoceGidTableLength; entry = entry->ifa_next) {
-    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET || !(entry->ifa_flags & IFF_UP)) continue;
-    sockaddr_in address{};
-    std::memcpy(&address, entry->ifa_addr, sizeof address);
-    out.push_back(address.sin_addr.s_addr);
-  }
-  ::freeifaddrs(list);
-  return out;
-}
-
-}  // namespace
 
 int ibv_query_port(ibv_context* context, uint8_t port_num, ibv_port_attr* attr) {
   if (!context || !attr || port_num != 1) return EINVAL;
@@ -347,13 +327,9 @@ int ibv_query_gid(ibv_context* context, uint8_t port_num, int index, ibv_gid* gi
     return 0;
   }
   if (index >= kRoceGidTableLength) return -1;
-  // Entries past the host's addresses are empty (all zeros), as on any RoCE device.
-  const std::vector<std::uint32_t> addresses = roce_gid_addresses();
-  if (static_cast<std::size_t>(index) < addresses.size()) {
-    gid->raw[10] = 0xff;
-    gid->raw[11] = 0xff;
-    std::memcpy(&gid->raw[12], &addresses[static_cast<std::size_t>(index)], 4);
-  }
+  // Index 0 is the context's own 127/8 address, then the host's interface addresses
+  // (verbs_roce.cpp); entries past them are empty (all zeros), as on any RoCE device.
+  if (roce_query_gid(context, index, gid) != 0) *gid = ibv_gid{};
   return 0;
 }
 

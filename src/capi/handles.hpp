@@ -14,6 +14,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <type_traits>
@@ -154,8 +155,20 @@ using SrqShell = Shell<ibv_srq, SrqState>;
 
 struct IdState;
 
+// modify_qp to RTR without the CM over RoCE: what RTS connects the RC QP with (verbs_roce.cpp).
+struct PendingRtr {
+  std::uint32_t local = 0;   // host order, the source GID's address
+  std::uint32_t remote = 0;  // host order, the destination GID's address
+  std::uint32_t remote_qpn = 0;
+  std::uint32_t rq_psn = 0;
+  std::uint32_t path_mtu = 1024;  // bytes
+  std::uint8_t max_dest_rd_atomic = 1;
+  std::uint8_t min_rnr_timer = 12;
+};
+
 struct QpHandleState {
   std::unique_ptr<QueuePair> cpp;
+  std::optional<PendingRtr> rtr;  // RoCE RC QPs connected by modify_qp
   rdma_cm_id* id = nullptr;  // the rdma_cm id it is attached to (rdma_create_qp)
   ibv_qp_state recorded = IBV_QPS_RESET;  // modify_qp's target before the connection runs it
   ibv_qp_cap caps{};
@@ -229,7 +242,23 @@ void detach_from_id(ibv_qp* qp);
 ibv_wc to_ibv_wc(const WorkCompletion& in);
 // verbs_ex.cpp, for ibv_create_qp_ex and rdma_create_qp_ex: whether the context's QPs can
 // offer these ibv_wr_* operations, and turning a new QP into an ibv_qp_ex offering them.
-bool send_ops_supported(const ibv_context* context, std::uint64_t send_ops);
+bool send_ops_supported(ibv_context* context, std::uint64_t send_ops);
 void make_qp_extended(ibv_qp* qp, std::uint64_t send_ops);
+
+// verbs_roce.cpp: verbs without the CM over RoCE (docs/c-api.md, "RoCE without the CM").
+// The context runs RoCEv2 (a non-iWARP device, or PEERCM_TRANSPORT=roce), else iWARP.
+bool uses_roce(ibv_context* context);
+// ibv_query_gid of a RoCE context: index 0 its own 127/8 address, then the host's
+// interface addresses, each as ::ffff:a.b.c.d. 0, or -1 past the table's end.
+int roce_query_gid(ibv_context* context, int index, ibv_gid* gid);
+// ibv_modify_qp for what the CM does not drive: every change of a UD QP, and an RC QP's
+// RTR with an address vector and RTS after it. nullopt leaves the call to ibv_modify_qp.
+std::optional<int> modify_qp_without_cm(ibv_qp* qp, const ibv_qp_attr& attr, int attr_mask);
+// ibv_create_qp IBV_QPT_UD on a RoCE context: the QP becomes a UD QP.
+int make_ud_qp(ibv_qp* qp);
+int post_ud_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+std::uint32_t ud_qkey(ibv_qp* qp);
+// convert_send's SGE part, shared with the UD path (verbs_api.cpp).
+Status<std::errc> convert_sge_list(const ibv_sge* list, int count, SgeList& out);
 
 }  // namespace peercm::capi

@@ -74,6 +74,8 @@ ibv_wc to_ibv_wc(const WorkCompletion& in) {
     out.wc_flags |= IBV_WC_WITH_IMM;
     out.imm_data = in.imm_data;  // network byte order on both sides
   }
+  if (in.wc_flags & kWcGrh) out.wc_flags |= IBV_WC_GRH;
+  out.src_qp = in.src_qp;
   return out;
 }
 
@@ -154,6 +156,10 @@ int post_recv_list(ReceiveQueue& queue, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 }  // namespace
+
+Status<std::errc> convert_sge_list(const ibv_sge* list, int count, SgeList& out) {
+  return convert_sges(list, count, out);
+}
 
 void detach_from_id(ibv_qp* qp) {
   QpHandleState* state = state_of<QpHandleState>(qp);
@@ -446,7 +452,10 @@ int ibv_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 
 ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<ibv_qp>(EINVAL);
-  if (attr->qp_type != IBV_QPT_RC) return fail_null<ibv_qp>(EOPNOTSUPP);
+  // UD over RoCE only (iWARP has no datagram service); no UC (docs/c-api.md).
+  const bool ud = attr->qp_type == IBV_QPT_UD;
+  if (attr->qp_type != IBV_QPT_RC && !(ud && uses_roce(pd->context))) return fail_null<ibv_qp>(EOPNOTSUPP);
+  if (ud && attr->srq) return fail_null<ibv_qp>(EINVAL);
   const ibv_qp_cap& want = attr->cap;
   // verbs: with an SRQ the receive capabilities are ignored.
   const bool own_recv = attr->srq == nullptr;
@@ -487,9 +496,18 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   pub.qp_num = state.cpp->qp_num();
   pub.handle = pub.qp_num;
   pub.state = IBV_QPS_RESET;
-  pub.qp_type = IBV_QPT_RC;
+  pub.qp_type = attr->qp_type;
   pthread_mutex_init(&pub.mutex, nullptr);
   pthread_cond_init(&pub.cond, nullptr);
+  if (ud) {
+    if (const int made = make_ud_qp(&pub); made != 0) {
+      pthread_cond_destroy(&pub.cond);
+      pthread_mutex_destroy(&pub.mutex);
+      delete shell->state;
+      delete shell;
+      return fail_null<ibv_qp>(made);
+    }
+  }
   state_of<PdState>(pd)->users.fetch_add(1);
   state_of<CqState>(attr->send_cq)->qps.fetch_add(1);
   state_of<CqState>(attr->recv_cq)->qps.fetch_add(1);
@@ -503,6 +521,7 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 // walks the states after CONNECT_RESPONSE works unchanged. A QP that ran is not reusable.
 int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
   if (!qp || !attr) return EINVAL;
+  if (auto handled = modify_qp_without_cm(qp, *attr, attr_mask)) return *handled;
   QpHandleState& state = *state_of<QpHandleState>(qp);
   if (!(attr_mask & IBV_QP_STATE)) return 0;  // addressing and timers mean nothing over TCP
   const peercm::QpState engine = state.cpp->state();
@@ -540,6 +559,10 @@ int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr
   attr->max_rd_atomic = kMaxRdAtom;
   attr->max_dest_rd_atomic = kMaxRdAtom;
   attr->port_num = 1;
+  if (qp->qp_type == IBV_QPT_UD) {
+    attr->qkey = ud_qkey(qp);
+    attr->path_mtu = IBV_MTU_4096;
+  }
   qp->state = attr->qp_state;
   if (init_attr) {
     *init_attr = ibv_qp_init_attr{};
@@ -548,7 +571,7 @@ int ibv_query_qp(ibv_qp* qp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr
     init_attr->recv_cq = qp->recv_cq;
     init_attr->srq = qp->srq;
     init_attr->cap = state.caps;
-    init_attr->qp_type = IBV_QPT_RC;
+    init_attr->qp_type = qp->qp_type;
     init_attr->sq_sig_all = state.sq_sig_all;
   }
   return 0;
@@ -578,6 +601,7 @@ int ibv_destroy_qp(ibv_qp* qp) {
 
 int ibv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   if (!qp) return EINVAL;
+  if (qp->qp_type == IBV_QPT_UD) return post_ud_send(qp, wr, bad_wr);
   QueuePair& cpp = *state_of<QpHandleState>(qp)->cpp;
   SendWr converted;
   for (ibv_send_wr* at = wr; at; at = at->next) {
@@ -596,7 +620,4 @@ int ibv_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
   return post_recv_list(*state_of<QpHandleState>(qp)->cpp, wr, bad_wr);
 }
 
-// --- address handles: for UD QPs, which an iWARP device has not ---
-
-ibv_ah* ibv_create_ah(ibv_pd*, ibv_ah_attr*) { return fail_null<ibv_ah>(EOPNOTSUPP); }
-int ibv_destroy_ah(ibv_ah*) { return EINVAL; }
+// Address handles, UD and modify_qp without the CM over RoCE: verbs_roce.cpp.

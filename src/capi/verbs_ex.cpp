@@ -27,15 +27,6 @@ T* fail_null(int error) {
   return nullptr;
 }
 
-// Whether connections made on this context run over RoCEv2: a device that is not the iWARP
-// one, or PEERCM_TRANSPORT=roce, which makes every rdma_cm id of the process a RoCE id
-// (docs/c-api.md). Immediate data and the RoCE GID type follow from it.
-bool runs_roce(const ibv_context* context) {
-  if (context->device && context->device->transport_type != IBV_TRANSPORT_IWARP) return true;
-  const char* name = std::getenv("PEERCM_TRANSPORT");
-  return name != nullptr && std::strcmp(name, "roce") == 0;
-}
-
 // The port's one GID, as ibv_query_gid gives it.
 Status<std::errc> fill_gid_entry(ibv_context* context, ibv_gid_entry& entry) {
   entry = ibv_gid_entry{};
@@ -43,7 +34,7 @@ Status<std::errc> fill_gid_entry(ibv_context* context, ibv_gid_entry& entry) {
   entry.gid_index = 0;
   entry.port_num = 1;
   // The kernel gives an iWARP device's GIDs the IB type (rdma-core reports them so).
-  entry.gid_type = runs_roce(context) ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB;
+  entry.gid_type = uses_roce(context) ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB;
   entry.ndev_ifindex = 0;  // no netdev of its own: it runs over whatever interface the route takes
   return {};
 }
@@ -269,10 +260,10 @@ void wr_abort(ibv_qp_ex* qp) { reset_batch(qp_state(qp)); }
 
 // What ibv_create_qp_ex and rdma_create_qp_ex accept in send_ops_flags, and so what the
 // QP's builders do: no atomics, memory windows, local invalidation, TSO or flush.
-bool send_ops_supported(const ibv_context* context, std::uint64_t send_ops) {
+bool send_ops_supported(ibv_context* context, std::uint64_t send_ops) {
   std::uint64_t ops = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_RDMA_WRITE |
                       IBV_QP_EX_WITH_RDMA_READ;
-  if (runs_roce(context)) ops |= IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+  if (uses_roce(context)) ops |= IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
   return (send_ops & ~ops) == 0;
 }
 
@@ -345,7 +336,7 @@ ssize_t ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_t
 
 int ibv_query_gid_type(ibv_context* context, uint8_t port_num, unsigned int index, ibv_gid_type_sysfs* type) {
   if (!context || !type || port_num != 1 || index != 0) return fail_errno(EINVAL);
-  *type = runs_roce(context) ? IBV_GID_TYPE_SYSFS_ROCE_V2 : IBV_GID_TYPE_SYSFS_IB_ROCE_V1;
+  *type = uses_roce(context) ? IBV_GID_TYPE_SYSFS_ROCE_V2 : IBV_GID_TYPE_SYSFS_IB_ROCE_V1;
   return 0;
 }
 
@@ -514,13 +505,33 @@ ibv_pd* ibv_alloc_parent_domain(ibv_context* context, ibv_parent_domain_init_att
   return fail_null<ibv_pd>(context ? EOPNOTSUPP : EINVAL);
 }
 
-void* ibv_alloc_buf(ibv_pd* pd, size_t, ibv_buf** buf) {
+// rdma-core's default for a device without CC-DMA bounce buffers: page-aligned ordinary
+// memory, registered as any other (ibv_rc_pingpong allocates its buffer this way).
+struct ibv_buf {
+  ibv_pd* pd;
+  void* addr;
+  size_t length;
+};
+void* ibv_alloc_buf(ibv_pd* pd, size_t size, ibv_buf** buf) {
   if (buf) *buf = nullptr;
-  return fail_null<void>(pd ? EOPNOTSUPP : EINVAL);
+  if (!pd || !buf) return fail_null<void>(EINVAL);
+  void* memory = nullptr;
+  if (const int failed = ::posix_memalign(&memory, static_cast<size_t>(::sysconf(_SC_PAGESIZE)), size); failed != 0)
+    return fail_null<void>(failed);
+  *buf = new ibv_buf{pd, memory, size};
+  return memory;
 }
-void ibv_free_buf(ibv_buf*) {}  // none is ever allocated
-ibv_mr* ibv_reg_buf_mr(ibv_pd* pd, ibv_buf*, void*, size_t, int) {
-  return fail_null<ibv_mr>(pd ? EOPNOTSUPP : EINVAL);
+void ibv_free_buf(ibv_buf* buf) {
+  if (!buf) return;
+  std::free(buf->addr);
+  delete buf;
+}
+ibv_mr* ibv_reg_buf_mr(ibv_pd* pd, ibv_buf* buf, void* addr, size_t length, int access) {
+  if (!pd || !buf) return fail_null<ibv_mr>(EINVAL);
+  const auto start = reinterpret_cast<std::uintptr_t>(buf->addr);
+  const auto at = reinterpret_cast<std::uintptr_t>(addr);
+  if (at < start || length > buf->length || at - start > buf->length - length) return fail_null<ibv_mr>(EINVAL);
+  return ibv_reg_mr(pd, addr, length, access);
 }
 
 ibv_mw* ibv_alloc_mw(ibv_pd* pd, ibv_mw_type) { return fail_null<ibv_mw>(pd ? EOPNOTSUPP : EINVAL); }

@@ -2,7 +2,8 @@
  * one by name (-d) as on real hardware and one that takes the first gets the transport the
  * user asked for (PEERCM_TRANSPORT, read at each call). peercm_iw0 is an iWARP RNIC with one
  * GID; peercm_roce0 is a RoCEv2 channel adapter (IBV_TRANSPORT_IB over an Ethernet link)
- * whose GIDs are the host's IPv4 addresses mapped to IPv6, 127.0.0.1 among them. rdma_cm ids
+ * whose GIDs are IPv4 addresses mapped to IPv6: first the context's own 127/8 address, then the
+ * host's interface addresses. rdma_cm ids
  * take the device of their transport, the same context for every id, which
  * rdma_get_devices lists in the same order. */
 #define _GNU_SOURCE
@@ -87,8 +88,8 @@ static void check_roce(struct ibv_device *device)
 		filled++;
 		CHECK(memcmp(gid.raw, mapped_prefix, sizeof mapped_prefix) == 0);
 		memcpy(&address, &gid.raw[12], 4);
-		if (address == htonl(INADDR_LOOPBACK))
-			loopback_seen = 1;
+		if (i == 0 && (ntohl(address) >> 24) == 127)
+			loopback_seen = 1; /* the context's own 127/8 address */
 	}
 	CHECK(loopback_seen);
 	CHECK(ibv_query_gid(context, 1, port.gid_tbl_len, &gid) != 0);

@@ -190,7 +190,51 @@ Result<Ipv4, std::errc> RoceDevice::source_for(Ipv4 destination) {
 
 void RoceDevice::add_qp(const std::shared_ptr<QueuePairImpl>& qp) {
   qp->kick_transmit = [this] { pump(); };
-  qps_[qp->roce->qpn] = qp;
+  qps_[qp->qp_num] = qp;
+}
+
+Result<Ipv4, std::errc> RoceDevice::gid_address(int index) {
+  if (index < 0) return fail(std::errc::invalid_argument);
+  if (index == 0) {
+    if (verbs_address_ != 0) return verbs_address_;
+    // The context's own 127/8 address: one it already has, else a random one it can bind,
+    // so that two processes on one host never share (address, 4791).
+    for (auto& [address, port] : ports_)
+      if (is_loopback(address)) return verbs_address_ = address;
+    for (int attempt = 0; attempt < 32; ++attempt) {
+      const Ipv4 candidate = (127u << 24) | (random_u32() & 0xFFFFFF);
+      if ((candidate & 0xFF) == 0 || (candidate & 0xFF) == 0xFF || candidate == (127u << 24 | 1)) continue;
+      if (auto opened = port(candidate)) return verbs_address_ = candidate;
+    }
+    return fail(std::errc::address_in_use);
+  }
+  // Then the host's interface addresses that are up, loopback ones left out, in the order
+  // getifaddrs() lists them.
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return fail(static_cast<std::errc>(errno));
+  int at = 0;
+  std::optional<Ipv4> found;
+  for (const ifaddrs* entry = list; entry != nullptr && !found; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET || !(entry->ifa_flags & IFF_UP)) continue;
+    sockaddr_in address{};
+    std::memcpy(&address, entry->ifa_addr, sizeof address);
+    const Ipv4 host = ntohl(address.sin_addr.s_addr);
+    if (is_loopback(host)) continue;
+    if (++at == index) found = host;
+  }
+  ::freeifaddrs(list);
+  if (!found) return fail(std::errc::invalid_argument);
+  return *found;
+}
+
+int RoceDevice::gid_index_of(Ipv4 address) {
+  if (verbs_address_ == address) return 0;
+  for (int index = 1; index < 64; ++index) {
+    auto at = gid_address(index);
+    if (!at) break;
+    if (*at == address) return index;
+  }
+  return -1;
 }
 
 void RoceDevice::track_id(Ipv4 address, core::ibcm::IbCmId id, const std::shared_ptr<CmIdImpl>& cm_id) {
@@ -329,10 +373,14 @@ void RoceDevice::on_datagram(RocePort& port, std::span<const std::uint8_t> bytes
     return;
   }
   auto found = qps_.find(destination_qp);
-  if (found == qps_.end()) return;
-  auto qp = found->second.lock();
-  if (!qp || !qp->roce) return;
-  qp->roce->rc.handle_datagram(bytes, source_port, at);
+  auto qp = found == qps_.end() ? nullptr : found->second.lock();
+  if (qp && qp->roce) {
+    qp->roce->rc.handle_datagram(bytes, source_port, at);
+  } else if (qp && qp->roce_ud) {
+    qp->roce_ud->ud.handle_datagram(bytes, to_bytes(source), source_port, to_bytes(port.address));
+  } else {
+    ++dropped_unknown_qp;
+  }
 }
 
 void RoceDevice::on_timer() {
@@ -379,7 +427,22 @@ bool RoceDevice::drain_agent(RocePort& port) {
   return any;
 }
 
+bool RoceDevice::drain_ud_qp(RoceUdQp& qp) {
+  bool any = false;
+  while (auto datagram = qp.ud.poll_datagram()) {
+    any = true;
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(wire::roce::kRoceUdpPort);
+    to.sin_addr.s_addr = htonl(from_bytes(datagram->remote_ip));
+    const iovec piece{datagram->bytes.data(), datagram->bytes.size()};
+    faults_.send(qp.send_fd, to, std::span(&piece, 1));
+  }
+  return any;
+}
+
 bool RoceDevice::drain_qp(QueuePairImpl& qp) {
+  if (qp.roce_ud) return drain_ud_qp(*qp.roce_ud);
   RoceQp& roce = *qp.roce;
   bool any = false;
   sockaddr_in to{};
@@ -411,7 +474,7 @@ void RoceDevice::pump() {
     for (auto& [address, port] : ports_) any = drain_agent(*port) || any;
     for (auto it = qps_.begin(); it != qps_.end();) {
       auto qp = it->second.lock();
-      if (!qp || !qp->roce) {
+      if (!qp || (!qp->roce && !qp->roce_ud)) {
         it = qps_.erase(it);
         continue;
       }

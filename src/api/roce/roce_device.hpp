@@ -36,6 +36,8 @@ struct QueuePairImpl;
 
 namespace peercm::detail::roce {
 
+struct RoceUdQp;
+
 using Ipv4 = std::uint32_t;  // host order
 
 core::Time now();
@@ -71,7 +73,16 @@ class RoceDevice {
   // source.
   Result<Ipv4, std::errc> source_for(Ipv4 destination);
 
+  // A QP with its RoCE half (roce or roce_ud): datagrams to its qp_num reach it.
   void add_qp(const std::shared_ptr<QueuePairImpl>& qp);
+  // The address behind GID `index` of the port (ibv_query_gid, address handles, modify_qp
+  // without the CM; docs/roce-transport.md, "Verbs without the CM"). Index 0 is the
+  // context's own 127/8 address (opened now: a random one it can bind unless it has one);
+  // 1, 2, ... are the host's non-loopback IPv4 interface addresses that are up. EINVAL past
+  // the end.
+  Result<Ipv4, std::errc> gid_address(int index);
+  // The GID index of `address`, -1 when it has none.
+  int gid_index_of(Ipv4 address);
   void track_id(Ipv4 address, core::ibcm::IbCmId id, const std::shared_ptr<CmIdImpl>& cm_id);
   void forget_id(Ipv4 address, core::ibcm::IbCmId id);
   std::shared_ptr<CmIdImpl> find_id(Ipv4 address, core::ibcm::IbCmId id);
@@ -107,6 +118,8 @@ class RoceDevice {
 
   // The port the context listens on first, sent in p2p REQs as their source port.
   std::uint16_t p2p_listen_port = 0;
+  // Datagrams to a QPN no QP of the context has: dropped and counted.
+  std::uint64_t dropped_unknown_qp = 0;
   ContextImpl& ctx;
 
  private:
@@ -115,6 +128,7 @@ class RoceDevice {
   void on_timer();
   bool drain_agent(RocePort& port);
   bool drain_qp(QueuePairImpl& qp);
+  bool drain_ud_qp(RoceUdQp& qp);
   void rearm();
 
   RoceOptions options_;
@@ -130,6 +144,7 @@ class RoceDevice {
   std::uint32_t next_comm_id_;
   std::uint16_t next_service_port_;
   bool pumping_ = false;
+  Ipv4 verbs_address_ = 0;  // GID index 0, once chosen
   core::roce::RcDatagram datagram_;
   std::vector<iovec> pieces_;
   // recvmmsg batch, shared by the ports (one runs at a time, under the lock). With UDP_GRO

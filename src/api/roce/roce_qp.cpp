@@ -17,6 +17,28 @@ void forbid_fragments(int fd) {
   ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &mode, sizeof mode);
 }
 
+// Linux picks RoCE source ports from 0xC000-0xFFFF (wire sheet §1); a few random tries
+// there, then any free port: entropy is all that matters.
+Result<std::uint16_t, std::errc> bind_source_port(int fd, std::uint32_t local_address) {
+  std::random_device random;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(local_address);
+  bool bound = false;
+  for (int attempt = 0; attempt < 8 && !bound; ++attempt) {
+    address.sin_port = htons(static_cast<std::uint16_t>(0xC000 | (random() & 0x3FFF)));
+    bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0;
+  }
+  if (!bound) {
+    address.sin_port = 0;
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0)
+      return fail(static_cast<std::errc>(errno));
+  }
+  socklen_t length = sizeof address;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  return ntohs(address.sin_port);
+}
+
 }  // namespace
 
 RoceQp::RoceQp(const core::roce::RcQpConfig& config, core::MemoryTable& memory, core::CompletionSink& send_cq,
@@ -40,26 +62,33 @@ Result<std::unique_ptr<RoceQp>, std::errc> RoceQp::open(const core::roce::RcQpCo
   int buffer = 4 << 20;
   if (::setsockopt(qp->send_fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0)
     ::setsockopt(qp->send_fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
-  // Linux picks RoCE source ports from 0xC000-0xFFFF (wire sheet §1); a few random tries
-  // there, then any free port: entropy is all that matters.
-  std::random_device random;
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(local_address);
-  bool bound = false;
-  for (int attempt = 0; attempt < 8 && !bound; ++attempt) {
-    address.sin_port = htons(static_cast<std::uint16_t>(0xC000 | (random() & 0x3FFF)));
-    bound = ::bind(qp->send_fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0;
-  }
-  if (!bound) {
-    address.sin_port = 0;
-    if (::bind(qp->send_fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0)
-      return fail(static_cast<std::errc>(errno));
-  }
-  socklen_t length = sizeof address;
-  ::getsockname(qp->send_fd, reinterpret_cast<sockaddr*>(&address), &length);
-  qp->source_port = ntohs(address.sin_port);
+  auto port = bind_source_port(qp->send_fd, local_address);
+  if (!port) return fail(port.error());
+  qp->source_port = *port;
   return qp;
+}
+
+RoceUdQp::~RoceUdQp() {
+  if (send_fd >= 0) ::close(send_fd);
+}
+
+Status<std::errc> RoceUdQp::send_from(std::uint32_t address) {
+  if (send_fd >= 0) {
+    if (address != local_address) return fail(std::errc::invalid_argument);
+    return {};
+  }
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(static_cast<std::errc>(errno));
+  forbid_fragments(fd);
+  auto port = bind_source_port(fd, address);
+  if (!port) {
+    ::close(fd);
+    return fail(port.error());
+  }
+  send_fd = fd;
+  local_address = address;
+  ud.set_udp_source_port(*port);
+  return {};
 }
 
 }  // namespace peercm::detail::roce

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "core/roce/rc_queue_pair.hpp"
+#include "core/roce/ud_queue_pair.hpp"
 #include "peercm/result.hpp"
 
 namespace peercm::detail {
@@ -37,6 +38,26 @@ struct RoceQp {
   std::uint16_t source_port = 0;
   // The CmId whose connection this QP carries: told when the QP fails on its own.
   std::weak_ptr<CmIdImpl> owner;
+};
+
+// The RoCE half of a UD queue pair (ibv_create_qp IBV_QPT_UD): the UD core and, once its
+// first send names the address it leaves from, the socket it sends from (one source port
+// for the QP's life, as for RC). Receives arrive on the context's 4791 sockets by QPN.
+struct RoceUdQp {
+  RoceUdQp(const core::roce::UdQpConfig& config, core::MemoryTable& memory, core::CompletionSink& send_cq,
+           core::CompletionSink& recv_cq)
+      : ud(config, memory, send_cq, recv_cq) {}
+  ~RoceUdQp();
+  RoceUdQp(const RoceUdQp&) = delete;
+  RoceUdQp& operator=(const RoceUdQp&) = delete;
+
+  // Binds the send socket on `local_address` (host order) on first use; EINVAL when the QP
+  // already sends from another address.
+  Status<std::errc> send_from(std::uint32_t local_address);
+
+  core::roce::UdQueuePair ud;
+  std::uint32_t local_address = 0;  // host order; 0 until the first send
+  int send_fd = -1;
 };
 
 }  // namespace peercm::detail::roce

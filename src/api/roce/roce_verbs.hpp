@@ -1,0 +1,63 @@
+// Verbs over RoCEv2 without the connection manager, as programs written for RoCE hardware
+// use them (ibv_rc_pingpong, ibv_ud_pingpong, perftest, UCX): GIDs that name the context's
+// addresses, RC queue pairs connected by modify_qp with the peer's GID, QPN and PSNs, and UD
+// queue pairs that send to address handles (docs/roce-transport.md, "Verbs without the CM").
+// Each call takes the context lock.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <system_error>
+
+#include "core/roce/ud_queue_pair.hpp"
+#include "peercm/result.hpp"
+#include "peercm/verbs.hpp"
+
+namespace peercm::detail::roce {
+
+using Ipv4Address = std::uint32_t;  // host order
+
+// The address of the port's GID `index` (RoceDevice::gid_address), opening the context's
+// RoCE device if needed.
+Result<Ipv4Address, std::errc> gid_address(Context& context, int index);
+// The GID index of a local address; -1 when it has none.
+int gid_index_of(Context& context, Ipv4Address address);
+
+// What modify_qp to RTR and RTS gives an RC queue pair, with the GIDs already turned into
+// addresses. Values keep their verbs widths; they are checked here.
+struct RcPath {
+  Ipv4Address local = 0;   // the source GID's address
+  Ipv4Address remote = 0;  // the destination GID's address
+  std::uint32_t remote_qpn = 0;
+  std::uint32_t rq_psn = 0;
+  std::uint32_t sq_psn = 0;
+  std::uint32_t path_mtu = 1024;  // bytes: 256, 512, 1024, 2048 or 4096
+  std::uint8_t timeout = 14;
+  std::uint8_t retry_cnt = 7;
+  std::uint8_t rnr_retry = 7;
+  std::uint8_t min_rnr_timer = 12;
+  std::uint8_t max_rd_atomic = 1;
+  std::uint8_t max_dest_rd_atomic = 1;
+};
+
+// Gives a QP made with QueuePair::create its RC core on `path.local` and connects it: RTR
+// and RTS at once. EINVAL for a QP a CmId carries or that already ran, a QPN or PSN over 24
+// bits, an unknown MTU, a local address that is not the context's; the port's errors
+// (EADDRINUSE) when `path.local` cannot be opened.
+Status<std::errc> connect_rc(QueuePair& qp, const RcPath& path);
+
+// Makes a QP made with QueuePair::create (no SRQ) a UD queue pair in RESET.
+Status<std::errc> make_ud(QueuePair& qp);
+bool is_ud(QueuePair& qp);
+// UD state changes (modify_qp): INIT with its Q_Key, RTR, RTS with its first PSN, ERROR.
+enum class UdState : std::uint8_t { keep, init, rtr, rts, error };  // keep: the Q_Key alone
+Status<std::errc> modify_ud(QueuePair& qp, UdState state, std::uint32_t qkey, bool set_qkey, std::uint32_t sq_psn);
+std::uint32_t ud_qkey(QueuePair& qp);
+// A UD send to `destination` (UdQueuePair::post_send; the datagram leaves at once). The
+// payload may be one PMTU: 4096 bytes between loopback addresses, else 1024.
+Status<std::errc> post_ud_send(QueuePair& qp, const SendWr& wr, const core::roce::UdDestination& destination);
+core::roce::UdStats ud_stats(QueuePair& qp);
+// Datagrams the context dropped because no QP of it has their QPN.
+std::uint64_t dropped_unknown_qp(Context& context);
+
+}  // namespace peercm::detail::roce
