@@ -117,6 +117,9 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   std::uint16_t roce_listen_port = 0;
   std::uint32_t roce_psn = 0;  // our first request PSN
   ConnParam roce_param;        // the resources connect()/accept() offered
+  // A connect()/accept() whose qp_num names no QP of the context: the IB CM exchange alone,
+  // with this number in the REQ/REP (rdma-core's cmtime "no QPs" round; iWARP refuses it).
+  std::optional<std::uint32_t> roce_qpn_without_qp;
   // The service port this id holds in the device's port space (bind or resolve_addr), at
   // roce_reserved_address (host order; RoceDevice::kAnyAddress for INADDR_ANY). 0: none.
   std::uint16_t roce_reserved_service = 0;

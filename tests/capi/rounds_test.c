@@ -5,14 +5,17 @@
  * their QP with ibv_create_qp on that PD and CQ, walk it through INIT/RTR/RTS with
  * rdma_init_qp_attr and name it by conn_param.qp_num (CONNECT_RESPONSE, rdma_establish on
  * the client); odd rounds use rdma_create_qp with the same PD and CQ. Each round a message
- * goes each way, its bytes checked. Over RoCE (PEERCM_TRANSPORT=roce) the server takes a
- * random 127/8 address, so that parallel tests never share (address, 4791). */
+ * goes each way, its bytes checked. A last round connects without a QP, as cmtime's "no QPs"
+ * round does. Over RoCE (PEERCM_TRANSPORT=roce) the server takes a random 127/8 address, so
+ * that parallel tests never share (address, 4791). */
 #define _GNU_SOURCE
 #include <time.h>
 
 #include "capi_test.h"
 
-enum { ROUNDS = 6, MSG = 256 };
+enum { ROUNDS = 6, MSG = 256, NO_QP_CLIENT = 0xC11E7, NO_QP_SERVER = 0x5E7E7 };
+
+static int roce;
 
 struct verbs {
 	struct ibv_context *context;
@@ -181,6 +184,21 @@ static int server(int port_fd)
 		drop_qp(id, qp, round);
 		CHECK(rdma_destroy_id(id) == 0);
 	}
+	if (roce) {
+		/* cmtime's "no QPs" round: the CM exchange alone, a made-up QP number each way. */
+		struct rdma_conn_param param;
+		struct rdma_cm_id *id;
+
+		event = expect_event(cm, RDMA_CM_EVENT_CONNECT_REQUEST);
+		id = event->id;
+		CHECK(rdma_ack_cm_event(event) == 0);
+		memset(&param, 0, sizeof param);
+		param.qp_num = NO_QP_SERVER;
+		CHECK(rdma_accept(id, &param) == 0);
+		CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_ESTABLISHED)) == 0);
+		CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_DISCONNECTED)) == 0);
+		CHECK(rdma_destroy_id(id) == 0);
+	}
 	CHECK(rdma_destroy_id(listener) == 0);
 	/* No id is left: the device's objects still work. */
 	{
@@ -234,6 +252,29 @@ static void client_round(struct verbs *v, struct rdma_event_channel *cm, const s
 	}
 }
 
+/* The last round of rdma-core's cmtime: connect with a qp_num that names no QP. Over RoCE the
+ * IB CM exchange runs alone (CONNECT_RESPONSE, rdma_establish), as rdma_cm over IB allows;
+ * iWARP needs a QP for its stream, so rdma_connect is EINVAL there, as with iw_cm. */
+static void client_round_without_qp(struct rdma_event_channel *cm, const struct sockaddr_in *to)
+{
+	struct rdma_conn_param param;
+	struct rdma_cm_id *id = resolve_towards(cm, to);
+
+	memset(&param, 0, sizeof param);
+	param.qp_num = NO_QP_CLIENT;
+	if (!roce) {
+		CHECK(rdma_connect(id, &param) == -1 && errno == EINVAL);
+		CHECK(rdma_destroy_id(id) == 0);
+		return;
+	}
+	CHECK(rdma_connect(id, &param) == 0);
+	CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_CONNECT_RESPONSE)) == 0);
+	CHECK(rdma_establish(id) == 0);
+	CHECK(rdma_disconnect(id) == 0);
+	CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_DISCONNECTED)) == 0);
+	CHECK(rdma_destroy_id(id) == 0);
+}
+
 int main(void)
 {
 	static struct verbs v;
@@ -242,8 +283,9 @@ int main(void)
 	uint16_t port;
 	pid_t peer;
 
+	roce = transport && strcmp(transport, "roce") == 0;
 	server_address = loopback(0);
-	if (transport && strcmp(transport, "roce") == 0) {
+	if (roce) {
 		srand((unsigned)time(NULL) ^ (unsigned)getpid());
 		server_address.sin_addr.s_addr =
 			htonl((127u << 24) | ((unsigned)(rand() % 254 + 1) << 16) |
@@ -255,6 +297,7 @@ int main(void)
 	CHECK((cm = rdma_create_event_channel()) != NULL);
 	for (int round = 0; round < ROUNDS; round++)
 		client_round(&v, cm, &server_address, round);
+	client_round_without_qp(cm, &server_address);
 	free_verbs(&v);
 	rdma_destroy_event_channel(cm);
 	CHECK_EQ(join_peer(peer), 0);

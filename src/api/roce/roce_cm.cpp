@@ -51,6 +51,7 @@ void qp_to_error(CmIdImpl& id) {
 
 // ESTABLISHED: RTR and RTS with what the REQ/REP exchange agreed.
 bool start_queue_pair(CmIdImpl& id, const IbCmAgentEvent& event) {
+  if (!id.qp_impl && id.roce_qpn_without_qp) return true;  // nothing to start
   if (!id.qp_impl || !id.qp_impl->roce) return false;
   RoceQp& qp = *id.qp_impl->roce;
   qp.remote_address = from_bytes(event.peer_address);
@@ -241,10 +242,15 @@ Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::u
 
 namespace {
 
+// The QPN our REQ or REP names: the id's QP's, or the number of a connection without one.
+std::uint32_t local_qpn(const CmIdImpl& id) {
+  return id.qp_impl && id.qp_impl->roce ? id.qp_impl->roce->qpn : id.roce_qpn_without_qp.value_or(0);
+}
+
 // The REP's fields: the id's QP, a fresh starting PSN, and what the application offers.
 core::ibcm::IbCmAcceptParams reply_params(const CmIdImpl& id, const ConnParam& param) {
   core::ibcm::IbCmAcceptParams reply;
-  reply.qpn = id.qp_impl->roce->qpn;
+  reply.qpn = local_qpn(id);
   reply.starting_psn = random_psn();
   reply.responder_resources = param.responder_resources;
   reply.initiator_depth = param.initiator_depth;
@@ -287,9 +293,14 @@ Status<std::errc> adopt_unseen_request(CmIdImpl& id, RocePort& port, const ConnP
 }
 
 // rdma_connect/rdma_accept without the id's own QP: the QueuePair::create one that
-// `qp_num` names gets its RC core now (rping -q).
+// `qp_num` names gets its RC core now (rping -q). A number that names no QP of the context
+// makes a connection of the CM exchange alone, as rdma_cm over IB allows.
 Status<std::errc> claim_qp_by_number(CmIdImpl& id, std::uint32_t qp_num) {
-  if (!id.claim_qp(qp_num)) return fail(std::errc::invalid_argument);
+  if (!id.claim_qp(qp_num)) {
+    if (id.ctx->standalone_qps.contains(qp_num)) return fail(std::errc::invalid_argument);  // taken
+    id.roce_qpn_without_qp = qp_num & 0xFFFFFF;
+    return {};
+  }
   if (auto attached = attach_qp(id, id.qp_impl); !attached) {
     id.qp_impl->claimed = false;
     id.qp_impl.reset();
@@ -305,7 +316,7 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
     if (auto claimed = claim_qp_by_number(id, param.qp_num); !claimed) return claimed;
     id.qp_by_number = true;  // CONNECT_RESPONSE, then establish(), as over iWARP
   }
-  if (!id.qp_impl->roce) return fail(std::errc::invalid_argument);
+  if (id.qp_impl && !id.qp_impl->roce) return fail(std::errc::invalid_argument);
   RocePort* port = port_of(id);
   if (!port) return fail(std::errc::invalid_argument);
   RoceDevice& device = device_of(*id.ctx);
@@ -317,7 +328,7 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
   request.source_port = id.peer_to_peer ? device.p2p_listen_port : ntohs(id.bound_address->sin_port);
   request.tag = id.tag;
   request.peer_to_peer = id.peer_to_peer;
-  request.qpn = id.qp_impl->roce->qpn;
+  request.qpn = local_qpn(id);
   request.starting_psn = random_psn();
   request.responder_resources = param.responder_resources;
   request.initiator_depth = param.initiator_depth;
@@ -337,7 +348,7 @@ Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) {
   if (!id.qp_impl) {
     if (auto claimed = claim_qp_by_number(id, param.qp_num); !claimed) return claimed;
   }
-  if (!id.qp_impl->roce) return fail(std::errc::invalid_argument);
+  if (id.qp_impl && !id.qp_impl->roce) return fail(std::errc::invalid_argument);
   RocePort* port = port_of(id);
   if (!port) return fail(std::errc::invalid_argument);
   const core::ibcm::IbCmAcceptParams reply = reply_params(id, param);
