@@ -171,6 +171,32 @@ static inline pid_t spawn_peer(int (*body)(int port_fd), uint16_t *port)
 	return pid;
 }
 
+/* Two processes joined by a pipe each way, as verbs programs exchange GIDs and QP numbers
+ * out of band: `child(to_parent, from_parent)` runs in a forked process, `parent(to_child,
+ * from_child)` here, each under a 60 s alarm. Returns the child's exit status (0 on success). */
+static inline int run_pair(int (*child)(int, int), void (*parent)(int, int))
+{
+	int down[2], up[2], status = 0;
+	pid_t pid;
+
+	CHECK(pipe(down) == 0 && pipe(up) == 0);
+	fflush(NULL);
+	pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		alarm(60);
+		close(down[1]);
+		close(up[0]);
+		_exit(child(up[1], down[0]));
+	}
+	close(down[0]);
+	close(up[1]);
+	alarm(60);
+	parent(down[1], up[0]);
+	CHECK(waitpid(pid, &status, 0) == pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 static inline void tell_port(int port_fd, struct rdma_cm_id *listener)
 {
 	uint16_t port = ntohs(rdma_get_src_port(listener));

@@ -286,23 +286,7 @@ int main(void)
 		iwarp_refuses();
 		return 0;
 	}
-	int down[2], up[2];
-	CHECK(pipe(down) == 0 && pipe(up) == 0);
-	pid_t pid = fork();
-	CHECK(pid >= 0);
-	if (pid == 0) {
-		alarm(60);
-		close(down[1]);
-		close(up[0]);
-		_exit(child(up[1], down[0]));
-	}
-	close(down[0]);
-	close(up[1]);
-	alarm(60);
-	parent(down[1], up[0]);
-	int status = 0;
-	CHECK(waitpid(pid, &status, 0) == pid);
-	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CHECK_EQ(run_pair(child, parent), 0);
 	printf("roce: modify_qp-connected RC pair: Sends both ways, Write and Read of %d and %d bytes verified\n",
 	       WRITE_SIZE, READ_SIZE);
 	return 0;

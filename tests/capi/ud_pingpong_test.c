@@ -208,24 +208,7 @@ int main(void)
 		fprintf(stderr, "UD needs PEERCM_TRANSPORT=roce\n");
 		return 1;
 	}
-	int down[2], up[2];
-	CHECK(pipe(down) == 0 && pipe(up) == 0);
-	fflush(NULL);
-	pid_t pid = fork();
-	CHECK(pid >= 0);
-	if (pid == 0) {
-		alarm(60);
-		close(down[1]);
-		close(up[0]);
-		_exit(ponger(up[1], down[0]));
-	}
-	close(down[0]);
-	close(up[1]);
-	alarm(60);
-	pinger(down[1], up[0]);
-	int status = 0;
-	CHECK(waitpid(pid, &status, 0) == pid);
-	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CHECK_EQ(run_pair(ponger, pinger), 0);
 	printf("roce: %d UD pings of 1-%d bytes answered through address handles from the completions\n", PINGS,
 	       MAX_PAYLOAD);
 	return 0;
