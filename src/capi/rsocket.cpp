@@ -52,9 +52,28 @@ std::shared_ptr<rsock::Link> require_link(int socket) {
   return link;
 }
 
-ssize_t send_iov(int socket, const iovec* iov, int iovcnt, int flags) {
-  auto link = require_link(socket);
-  if (!link) return -1;
+// Datagram rsockets (udpong) are the kernel's UDP sockets, unframed.
+bool is_datagram(int socket) {
+  int type = 0;
+  socklen_t length = sizeof type;
+  return ::getsockopt(socket, SOL_SOCKET, SO_TYPE, &type, &length) == 0 && type == SOCK_DGRAM;
+}
+
+ssize_t send_iov(int socket, const iovec* iov, int iovcnt, int flags, const sockaddr* to = nullptr,
+                 socklen_t to_length = 0) {
+  auto link = link_of(socket);
+  if (!link) {
+    if (is_datagram(socket)) {
+      msghdr msg{};
+      msg.msg_name = const_cast<sockaddr*>(to);
+      msg.msg_namelen = to_length;
+      msg.msg_iov = const_cast<iovec*>(iov);
+      msg.msg_iovlen = static_cast<std::size_t>(iovcnt);
+      return ::sendmsg(socket, &msg, flags | MSG_NOSIGNAL);
+    }
+    errno = ENOTCONN;
+    return -1;
+  }
   // One frame per call: gather the iovec (rsend's callers pass one buffer; writev's few).
   std::size_t total = 0;
   for (int i = 0; i < iovcnt; ++i) total += iov[i].iov_len;
@@ -95,7 +114,7 @@ int raccept(int socket, sockaddr* addr, socklen_t* addrlen) {
 }
 
 int rconnect(int socket, const sockaddr* addr, socklen_t addrlen) {
-  if (::connect(socket, addr, addrlen) == 0) return rsock::attach(socket) ? 0 : -1;
+  if (::connect(socket, addr, addrlen) == 0) return rsock::attach(socket) || is_datagram(socket) ? 0 : -1;
   if (errno == EINPROGRESS) {
     std::lock_guard lock(g_connecting_mutex);
     g_connecting.insert(socket);
@@ -138,11 +157,14 @@ ssize_t rsend(int socket, const void* buf, size_t len, int flags) {
   const iovec iov{const_cast<void*>(buf), len};
   return send_iov(socket, &iov, 1, flags);
 }
-ssize_t rsendto(int socket, const void* buf, size_t len, int flags, const sockaddr*, socklen_t) {
-  return rsend(socket, buf, len, flags);  // a connected stream: the address is ignored, as for TCP
+ssize_t rsendto(int socket, const void* buf, size_t len, int flags, const sockaddr* dest_addr, socklen_t addrlen) {
+  // A connected stream ignores the address, as TCP does; a datagram socket sends to it.
+  const iovec iov{const_cast<void*>(buf), len};
+  return send_iov(socket, &iov, 1, flags, dest_addr, addrlen);
 }
 ssize_t rsendmsg(int socket, const msghdr* msg, int flags) {
-  return send_iov(socket, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags);
+  return send_iov(socket, msg->msg_iov, static_cast<int>(msg->msg_iovlen), flags,
+                  static_cast<const sockaddr*>(msg->msg_name), msg->msg_namelen);
 }
 ssize_t rread(int socket, void* buf, size_t count) { return rrecv(socket, buf, count, 0); }
 ssize_t rreadv(int socket, const iovec* iov, int iovcnt) {

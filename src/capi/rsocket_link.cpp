@@ -207,10 +207,26 @@ ssize_t Link::send_frame(const FrameHeader& header, const std::uint8_t* payload,
   return static_cast<ssize_t>(payload_length);
 }
 
+// Frames of up to kMaxFramePayload until `length` bytes went, as a blocking stream socket
+// sends everything (rcopy checks rsend's count against the whole file); without blocking,
+// what went before a frame would have waited (EAGAIN when that is the first).
+ssize_t Link::send_frames(FrameType type, const std::uint8_t* bytes, std::size_t length, std::uint64_t offset,
+                          int flags) {
+  std::size_t sent = 0;
+  while (sent < length) {
+    const auto chunk = static_cast<std::uint32_t>(std::min<std::size_t>(length - sent, kMaxFramePayload));
+    const std::uint64_t at = type == FrameType::iowrite ? offset + sent : 0;
+    if (send_frame(FrameHeader{type, chunk, at}, bytes + sent, flags) < 0) {
+      if (sent > 0 && errno == EAGAIN) break;
+      return -1;
+    }
+    sent += chunk;
+  }
+  return static_cast<ssize_t>(sent);
+}
+
 ssize_t Link::send_data(const std::uint8_t* bytes, std::size_t length, int flags) {
-  if (length == 0) return 0;
-  const auto chunk = static_cast<std::uint32_t>(std::min<std::size_t>(length, kMaxFramePayload));
-  return send_frame(FrameHeader{FrameType::data, chunk, 0}, bytes, flags);
+  return send_frames(FrameType::data, bytes, length, 0, flags);
 }
 
 off_t Link::map(void* buffer, std::size_t length, off_t offset) {
@@ -264,16 +280,15 @@ int Link::unmap(void* buffer, std::size_t length) {
 
 ssize_t Link::write_remote(const std::uint8_t* bytes, std::size_t length, std::uint64_t offset, int flags) {
   if (length == 0) return 0;
-  const auto chunk = static_cast<std::uint32_t>(std::min<std::size_t>(length, kMaxFramePayload));
   {
     std::lock_guard lock(maps_mutex_);
-    const bool mapped = std::any_of(peer_.begin(), peer_.end(), [&](const Region& r) { return contains(r, offset, chunk); });
+    const bool mapped = std::any_of(peer_.begin(), peer_.end(), [&](const Region& r) { return contains(r, offset, length); });
     if (!mapped) {
       errno = EINVAL;  // the peer mapped nothing there (or has not told us yet)
       return -1;
     }
   }
-  return send_frame(FrameHeader{FrameType::iowrite, chunk, offset}, bytes, flags);
+  return send_frames(FrameType::iowrite, bytes, length, offset, flags);
 }
 
 bool Link::on_tcp_readable() {
@@ -378,6 +393,13 @@ std::shared_ptr<Link> find(int app_fd) { return agent().find(app_fd); }
 
 std::shared_ptr<Link> attach(int fd) {
   if (auto existing = agent().find(fd)) return existing;
+  int type = 0;
+  socklen_t type_length = sizeof type;
+  if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_length) != 0) return nullptr;
+  if (type != SOCK_STREAM) {
+    errno = ENOTSUP;  // datagram rsockets stay the kernel's sockets (udpong)
+    return nullptr;
+  }
   sockaddr_storage peer{};
   socklen_t peer_length = sizeof peer;
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) return nullptr;  // ENOTCONN

@@ -73,6 +73,7 @@ class Link {
 
  private:
   ssize_t send_frame(const FrameHeader& header, const std::uint8_t* payload, int flags);
+  ssize_t send_frames(FrameType type, const std::uint8_t* bytes, std::size_t length, std::uint64_t offset, int flags);
   bool parse();
   bool flush_pending();
   void place(std::uint64_t offset, const std::uint8_t* bytes, std::size_t n, bool frame_ends);
@@ -102,7 +103,8 @@ class Link {
 // The registry of links by application descriptor, and the agent thread (started with the
 // first link, for the life of the process, like the verbs context the rdma_cm ids share).
 std::shared_ptr<Link> find(int app_fd);
-// Makes `fd`, a connected TCP socket, a framed rsocket. Returns the link, or null with errno.
+// Makes `fd`, a connected TCP socket, a framed rsocket. Returns the link, or null with errno
+// (ENOTSUP for a datagram socket: those stay the kernel's sockets).
 std::shared_ptr<Link> attach(int fd);
 // Drops the link of `fd` (rclose); true when there was one.
 bool detach(int fd);

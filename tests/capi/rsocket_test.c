@@ -1,8 +1,9 @@
-/* rsockets as riostream and rstream use them: a stream both ways (1 MiB through the framing,
- * read with rpoll), then riomap on both sides and riowrite ping-pong where the receiver makes
+/* rsockets as riostream, rstream, rcopy and udpong use them: a stream both ways (3 MiB in one
+ * blocking rsend, read with rpoll), then riomap on both sides and riowrite ping-pong where the receiver makes
  * no call at all and spins on the last byte of its mapped buffer, as riostream does. The
  * client connects non-blocking (rpoll for POLLOUT). Wrong calls get their errno, and a peer
- * that breaks the framing ends its connection (EOF) without harm to the other. */
+ * that breaks the framing ends its connection (EOF) without harm to the other. Datagram
+ * rsockets stay the kernel's UDP sockets. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,7 +14,7 @@
 
 #include "capi_test.h"
 
-enum { XFER = 64 * 1024, STREAM = 1 << 20, ROUNDS = 20 };
+enum { XFER = 64 * 1024, STREAM = 3 << 20, ROUNDS = 20 };
 
 static uint8_t mapped[XFER];
 static uint8_t source[XFER];
@@ -176,7 +177,8 @@ int main(void)
 	CHECK(rfcntl(rs, F_SETFL, 0) == 0);
 
 	fill_pattern(stream_buf, STREAM, 99);
-	send_all(rs, stream_buf, STREAM);
+	/* A blocking rsend sends it all, as a blocking stream socket does (rcopy relies on it). */
+	CHECK_EQ(rsend(rs, stream_buf, STREAM, 0), STREAM);
 	memset(stream_buf, 0, STREAM);
 	recv_all(rs, stream_buf, STREAM);
 	CHECK(check_pattern(stream_buf, STREAM, 99));
@@ -205,6 +207,25 @@ int main(void)
 		close(raw);
 	}
 	CHECK_EQ(join_peer(peer), 0);
-	printf("rsockets: 1 MiB streamed both ways, %d riowrite rounds into spinning peers\n", ROUNDS);
+
+	/* Datagram rsockets are the kernel's UDP sockets (udpong). */
+	{
+		struct sockaddr_in self = loopback(0), from;
+		socklen_t len = sizeof self, from_len = sizeof from;
+		int ds;
+		char got[8];
+
+		CHECK((ds = rsocket(AF_INET, SOCK_DGRAM, 0)) >= 0);
+		CHECK(rbind(ds, (struct sockaddr *)&self, sizeof self) == 0);
+		CHECK(rgetsockname(ds, (struct sockaddr *)&self, &len) == 0);
+		CHECK_EQ(rsendto(ds, "ping", 4, 0, (struct sockaddr *)&self, sizeof self), 4);
+		CHECK_EQ(rrecvfrom(ds, got, sizeof got, 0, (struct sockaddr *)&from, &from_len), 4);
+		CHECK(memcmp(got, "ping", 4) == 0);
+		CHECK(rconnect(ds, (struct sockaddr *)&self, sizeof self) == 0);
+		CHECK_EQ(rsend(ds, "pong", 4, 0), 4);
+		CHECK_EQ(rrecv(ds, got, sizeof got, 0), 4);
+		CHECK(rclose(ds) == 0);
+	}
+	printf("rsockets: 3 MiB streamed both ways, %d riowrite rounds into spinning peers, datagrams\n", ROUNDS);
 	return 0;
 }
