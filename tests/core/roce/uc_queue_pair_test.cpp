@@ -476,6 +476,39 @@ TEST_F(UcQueuePairTest, HostileDatagramsAreDroppedAndCounted) {
   EXPECT_EQ(b.qp.stats().datagrams_received, 9u);
 }
 
+TEST(UcQueuePairSrq, SendsTakeTheSharedQueuesReceivesInPostingOrder) {
+  MemoryTable memory(5);
+  TestCq scq, rcq;
+  ReceiveQueue srq;
+  UcQueuePair b(UcQpConfig{.qpn = kQpnB, .pd = 1, .caps = {.max_send_wr = 4, .max_send_sge = 1}, .srq = &srq}, memory,
+                scq, rcq);
+  ASSERT_TRUE(b.to_init().has_value());
+  ASSERT_TRUE(b.to_rtr(path_of(false, w::PathMtu::mtu256)).has_value());
+  UcNode a(kQpnA, 6);
+  ASSERT_TRUE(a.qp.to_init().has_value());
+  ASSERT_TRUE(a.qp.to_rtr(path_of(true, w::PathMtu::mtu256)).has_value());
+  ASSERT_TRUE(a.qp.to_rts(kPsnA).has_value());
+  std::vector<std::uint8_t> sink(64, 0);
+  auto key = memory.register_region(1, reinterpret_cast<std::uintptr_t>(sink.data()), sink.size(), kAccessLocalWrite);
+  ASSERT_TRUE(key.has_value());
+  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(sink.data());
+  srq.post(RecvWr{.wr_id = 1, .sg_list = {Sge{base, 32, *key}}}, memory, 1);
+  srq.post(RecvWr{.wr_id = 2, .sg_list = {Sge{base + 32, 32, *key}}}, memory, 1);
+  EXPECT_EQ(b.post_recv(RecvWr{.wr_id = 3}).error(), std::errc::invalid_argument);
+  const Mr src = a.reg(32);
+  fill_pattern(src.bytes(0, 32), 4);
+  ASSERT_TRUE(a.post(10, WrOpcode::send, {src.sge(0, 20)}).has_value());
+  ASSERT_TRUE(a.post(11, WrOpcode::send, {src.sge(0, 32)}).has_value());
+  RcDatagram d;
+  while (a.qp.poll_datagram(d)) b.handle_datagram(flatten(d), kPortA);  // B in RTR: it receives
+  ASSERT_EQ(rcq.wcs.size(), 2u);
+  EXPECT_EQ(rcq.wcs[0].wr_id, 1u);
+  EXPECT_EQ(rcq.wcs[0].byte_len, 20u);
+  EXPECT_EQ(rcq.wcs[1].wr_id, 2u);
+  EXPECT_TRUE(has_pattern(std::span<const std::uint8_t>(sink.data() + 32, 32), 4));
+  EXPECT_TRUE(srq.empty());
+}
+
 TEST(UcQueuePairState, DatagramsBeforeRtrAreDropped) {
   UcNode node(kQpnB, 1);
   node.qp.handle_datagram(Bytes(40, 0), kPortA);
