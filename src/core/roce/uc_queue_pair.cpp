@@ -344,10 +344,11 @@ void UcQueuePair::handle_packet(const w::PacketView& packet) {
       }
       if (recv_taken_->error) {
         // A receive whose SGEs failed their checks at post time.
-        const WcStatus status = *recv_taken_->error;
-        push_recv_completion(
-            WorkCompletion{.wr_id = recv_taken_->wr.wr_id, .status = status, .opcode = WcOpcode::recv, .qp_num = config_.qpn},
-            false);
+        push_recv_completion(WorkCompletion{.wr_id = recv_taken_->wr.wr_id,
+                                            .status = *recv_taken_->error,
+                                            .opcode = WcOpcode::recv,
+                                            .qp_num = config_.qpn},
+                             false);
         recv_taken_.reset();
         enter_error();
         return;

@@ -420,6 +420,23 @@ TEST_F(UcQueuePairTest, BadLkeyAndTooSmallReceiveCompleteInErrorAndMoveToError) 
   EXPECT_EQ(b.qp.state(), QpState::error);
 }
 
+TEST_F(UcQueuePairTest, AReceiveWithABadLkeyCompletesInErrorWhenASendTakesIt) {
+  const Mr src = a.reg(64);
+  const Mr dst = b.reg(64);
+  Sge bad = dst.sge(0, 64);
+  bad.lkey ^= 0x5A5A;
+  ASSERT_TRUE(b.recv(1, {bad}).has_value());
+  ASSERT_TRUE(b.recv(2, {dst.sge(0, 64)}).has_value());
+  EXPECT_TRUE(b.rcq.wcs.empty());  // found out when a Send lands in it
+  ASSERT_TRUE(a.post(1, WrOpcode::send, {src.sge(0, 8)}).has_value());
+  send_a_to_b();
+  ASSERT_EQ(b.rcq.wcs.size(), 2u);
+  EXPECT_EQ(b.rcq.wcs[0].wr_id, 1u);
+  EXPECT_EQ(b.rcq.wcs[0].status, WcStatus::local_protection_error);
+  EXPECT_EQ(b.rcq.wcs[1].status, WcStatus::wr_flush_error);
+  EXPECT_EQ(b.qp.state(), QpState::error);
+}
+
 TEST_F(UcQueuePairTest, WriteWithABadRkeyIsDroppedWithoutError) {
   const Mr src = a.reg(600);
   const Mr dst = b.reg(600, kAccessLocalWrite);  // no remote write
