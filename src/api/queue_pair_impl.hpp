@@ -30,6 +30,8 @@ struct QueuePairImpl {
   std::unique_ptr<roce::RoceQp> roce;
   // A UD QP of a RoCE context (ibv_create_qp IBV_QPT_UD) runs on this core instead.
   std::unique_ptr<roce::RoceUdQp> roce_ud;
+  // A UC QP of a RoCE context (ibv_create_qp IBV_QPT_UC) runs on this core instead.
+  std::unique_ptr<roce::RoceUcQp> roce_uc;
   // Set by the connection carrying this QP: pushes pending bytes to the socket.
   // Called with the context lock held.
   std::function<void()> kick_transmit;

@@ -140,6 +140,7 @@ QueuePair::~QueuePair() {
     // A connection may still carry the engine: it must not take the SRQ's WRs any more.
     impl_->engine.detach_srq();
     if (impl_->roce) impl_->roce->rc.detach_srq();
+    if (impl_->roce_uc) impl_->roce_uc->uc.detach_srq();
     --impl_->srq->qps;
     impl_->srq.reset();
   }
@@ -152,6 +153,7 @@ QpState QueuePair::state() const {
   std::lock_guard lock(impl_->context->mutex);
   if (impl_->roce) return impl_->roce->rc.state();
   if (impl_->roce_ud) return impl_->roce_ud->ud.state();
+  if (impl_->roce_uc) return impl_->roce_uc->uc.state();
   return impl_->engine.state();
 }
 
@@ -162,6 +164,11 @@ Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   impl_->context->reactor.note_poller_work();
   if (impl_->send_direct && impl_->send_direct(wr)) return {};
   if (impl_->roce_ud) return fail(std::errc::invalid_argument);  // a UD send names its address: roce::post_ud_send
+  if (impl_->roce_uc) {
+    auto posted = impl_->roce_uc->uc.post_send(wr);
+    if (posted && impl_->kick_transmit) impl_->kick_transmit();
+    return posted;
+  }
   auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine.post_send(wr);
   if (posted && impl_->kick_transmit) impl_->kick_transmit();
   if (posted && log::enabled(log::Level::debug) && !impl_->roce && impl_->engine.transmit_fenced())
@@ -178,6 +185,7 @@ Status<std::errc> QueuePair::post_recv(const RecvWr& wr) {
     return posted;
   }
   if (impl_->roce_ud) return impl_->roce_ud->ud.post_recv(wr);
+  if (impl_->roce_uc) return impl_->roce_uc->uc.post_recv(wr);
   return impl_->engine.post_recv(wr);
 }
 
@@ -187,6 +195,8 @@ void QueuePair::to_error() {
     impl_->roce->rc.modify_to_error();
   } else if (impl_->roce_ud) {
     impl_->roce_ud->ud.modify_to_error();
+  } else if (impl_->roce_uc) {
+    impl_->roce_uc->uc.modify_to_error();
   } else {
     impl_->engine.disconnect();
   }

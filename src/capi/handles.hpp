@@ -251,11 +251,13 @@ bool uses_roce(ibv_context* context);
 // ibv_query_gid of a RoCE context: index 0 its own 127/8 address, then the host's
 // interface addresses, each as ::ffff:a.b.c.d. 0, or -1 past the table's end.
 int roce_query_gid(ibv_context* context, int index, ibv_gid* gid);
-// ibv_modify_qp for what the CM does not drive: every change of a UD QP, and an RC QP's
+// ibv_modify_qp for what the CM does not drive: every change of a UD or UC QP, and an RC QP's
 // RTR with an address vector and RTS after it. nullopt leaves the call to ibv_modify_qp.
 std::optional<int> modify_qp_without_cm(ibv_qp* qp, const ibv_qp_attr& attr, int attr_mask);
 // ibv_create_qp IBV_QPT_UD on a RoCE context: the QP becomes a UD QP.
 int make_ud_qp(ibv_qp* qp);
+// ibv_create_qp IBV_QPT_UC on a RoCE context: the QP becomes a UC QP.
+int make_uc_qp(ibv_qp* qp);
 int post_ud_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
 std::uint32_t ud_qkey(ibv_qp* qp);
 // convert_send's SGE part, shared with the UD path (verbs_api.cpp).

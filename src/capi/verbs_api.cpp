@@ -452,9 +452,11 @@ int ibv_post_srq_recv(ibv_srq* srq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 
 ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (!pd || !attr || !attr->send_cq || !attr->recv_cq) return fail_null<ibv_qp>(EINVAL);
-  // UD over RoCE only (iWARP has no datagram service); no UC (docs/c-api.md).
+  // UD and UC over RoCE only: iWARP has neither a datagram service nor an unreliable
+  // connection (docs/c-api.md).
   const bool ud = attr->qp_type == IBV_QPT_UD;
-  if (attr->qp_type != IBV_QPT_RC && !(ud && uses_roce(pd->context))) return fail_null<ibv_qp>(EOPNOTSUPP);
+  const bool uc = attr->qp_type == IBV_QPT_UC;
+  if (attr->qp_type != IBV_QPT_RC && !((ud || uc) && uses_roce(pd->context))) return fail_null<ibv_qp>(EOPNOTSUPP);
   if (ud && attr->srq) return fail_null<ibv_qp>(EINVAL);
   const ibv_qp_cap& want = attr->cap;
   // verbs: with an SRQ the receive capabilities are ignored.
@@ -499,8 +501,8 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   pub.qp_type = attr->qp_type;
   pthread_mutex_init(&pub.mutex, nullptr);
   pthread_cond_init(&pub.cond, nullptr);
-  if (ud) {
-    if (const int made = make_ud_qp(&pub); made != 0) {
+  if (ud || uc) {
+    if (const int made = ud ? make_ud_qp(&pub) : make_uc_qp(&pub); made != 0) {
       pthread_cond_destroy(&pub.cond);
       pthread_mutex_destroy(&pub.mutex);
       delete shell->state;

@@ -1,8 +1,9 @@
 // Verbs without the connection manager over RoCEv2, as RoCE hardware offers them: GIDs that
 // name the context's IPv4 addresses (::ffff:a.b.c.d), RC queue pairs connected through
-// ibv_modify_qp with the peer's GID, QPN and PSNs, UD queue pairs, and the address handles
-// UD sends name (docs/c-api.md, "RoCE without the CM"). Over iWARP a QP only runs on the
-// CM's TCP stream: address handles are EOPNOTSUPP and an RTS that no connection backs EINVAL.
+// ibv_modify_qp with the peer's GID, QPN and PSNs, UC queue pairs connected the same way,
+// UD queue pairs, and the address handles UD sends name (docs/c-api.md, "RoCE without the
+// CM"). Over iWARP a QP only runs on the CM's TCP stream: address handles and UC/UD QPs are
+// EOPNOTSUPP and an RTS that no connection backs EINVAL.
 #include <arpa/inet.h>
 
 #include <cstdlib>
@@ -87,6 +88,47 @@ int modify_ud_qp(ibv_qp* qp, const ibv_qp_attr& attr, int attr_mask) {
   return 0;
 }
 
+// UC QPs: every state change goes to the UC core. The attributes are UC's (IBA 11.2.4.2):
+// RC's timers, retry counts and Read/atomic depths, and UD's Q_Key, are EINVAL, as a RoCE
+// provider's modify_qp refuses attributes outside the QP type's mask.
+int modify_uc_qp(ibv_qp* qp, const ibv_qp_attr& attr, int attr_mask) {
+  QpHandleState& state = *state_of<QpHandleState>(qp);
+  constexpr int kNotUc = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC |
+                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER | IBV_QP_QKEY;
+  if (attr_mask & kNotUc) return EINVAL;
+  if (!(attr_mask & IBV_QP_STATE)) return 0;  // P_Key, port, access flags: nothing to keep
+  roce::UcModify change;
+  switch (attr.qp_state) {
+    case IBV_QPS_INIT: change.state = roce::UcState::init; break;
+    case IBV_QPS_RTR: {
+      change.state = roce::UcState::rtr;
+      // RoCE names the peer by GID: the address vector and the QPN are required.
+      if (!(attr_mask & IBV_QP_AV) || !(attr_mask & IBV_QP_DEST_QPN) || !attr.ah_attr.is_global) return EINVAL;
+      const auto remote = address_of(attr.ah_attr.grh.dgid);
+      if (!remote) return EINVAL;
+      auto local = roce::gid_address(cpp_context(qp->context), attr.ah_attr.grh.sgid_index);
+      if (!local) return EINVAL;
+      change.local = *local;
+      change.remote = *remote;
+      change.remote_qpn = attr.dest_qp_num;
+      change.rq_psn = (attr_mask & IBV_QP_RQ_PSN) ? attr.rq_psn : 0;
+      change.path_mtu = (attr_mask & IBV_QP_PATH_MTU) ? mtu_bytes(attr.path_mtu) : 1024;
+      break;
+    }
+    case IBV_QPS_RTS:
+      change.state = roce::UcState::rts;
+      change.sq_psn = (attr_mask & IBV_QP_SQ_PSN) ? attr.sq_psn : 0;
+      break;
+    case IBV_QPS_ERR: change.state = roce::UcState::error; break;
+    default: return EINVAL;  // RESET, SQD, SQE: a UC QP is not reused
+  }
+  auto modified = roce::modify_uc(*state.cpp, change);
+  if (!modified) return errno_of(modified.error());
+  state.recorded = attr.qp_state;
+  qp->state = state.recorded;
+  return 0;
+}
+
 }  // namespace
 
 bool uses_roce(ibv_context* context) { return transport_of(context) == Transport::roce; }
@@ -103,6 +145,7 @@ int roce_query_gid(ibv_context* context, int index, ibv_gid* gid) {
 
 std::optional<int> modify_qp_without_cm(ibv_qp* qp, const ibv_qp_attr& attr, int attr_mask) {
   if (qp->qp_type == IBV_QPT_UD) return modify_ud_qp(qp, attr, attr_mask);
+  if (qp->qp_type == IBV_QPT_UC) return modify_uc_qp(qp, attr, attr_mask);
   QpHandleState& state = *state_of<QpHandleState>(qp);
   if (state.id != nullptr || !(attr_mask & IBV_QP_STATE)) return std::nullopt;  // the CM's QP
   const bool roce_context = uses_roce(qp->context);
@@ -165,6 +208,11 @@ std::optional<int> modify_qp_without_cm(ibv_qp* qp, const ibv_qp_attr& attr, int
 
 int make_ud_qp(ibv_qp* qp) {
   auto made = roce::make_ud(*state_of<QpHandleState>(qp)->cpp);
+  return made ? 0 : errno_of(made.error());
+}
+
+int make_uc_qp(ibv_qp* qp) {
+  auto made = roce::make_uc(*state_of<QpHandleState>(qp)->cpp);
   return made ? 0 : errno_of(made.error());
 }
 

@@ -38,7 +38,7 @@ enum class WireError : std::uint8_t {
   cm_reserved_bits_set,
   // RoCEv2 transport packets (IBTA Vol 1 ch. 9, Annex A17; roce-ibcm-wire.md §1-2)
   roce_bad_transport_version,   // BTH TVer is not 0
-  roce_unsupported_opcode,      // not an RC, UD or CNP opcode of the table
+  roce_unsupported_opcode,      // not an RC, UC, UD or CNP opcode of the table
   roce_bad_length,              // packet not a multiple of 4 bytes, or shorter than its headers
   roce_bad_pad_count,           // PadCnt larger than the bytes after the headers
   roce_unexpected_payload,      // payload on an opcode that carries none

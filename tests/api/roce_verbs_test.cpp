@@ -1,6 +1,6 @@
 // Verbs without the CM over RoCE (src/api/roce/roce_verbs.hpp), two contexts in one process:
-// GIDs, an RC pair connected by connect_rc (what modify_qp RTR/RTS does), UD QPs, and the
-// device dropping and counting datagrams that name no QP of it.
+// GIDs, an RC pair connected by connect_rc (what modify_qp RTR/RTS does), UD QPs, a UC pair
+// connected by modify_uc, and the device dropping and counting datagrams that name no QP of it.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -155,6 +155,87 @@ TEST(RoceVerbs, UdDatagramsToUnknownQpnsAreDroppedAndCounted) {
   core::roce::UdDestination elsewhere = to_b;
   elsewhere.local_ip = bytes(address_a + 1);
   EXPECT_EQ(roce::post_ud_send(*qp_a, send, elsewhere).error(), std::errc::invalid_argument);
+}
+
+TEST(RoceVerbs, UcPairMovesMessagesAndDropsASendWithoutAReceive) {
+  Side a;
+  Side b;
+  auto qp_a = standalone_qp(a);
+  auto qp_b = standalone_qp(b);
+  ASSERT_TRUE(roce::make_uc(*qp_a));
+  ASSERT_TRUE(roce::make_uc(*qp_b));
+  EXPECT_EQ(roce::make_uc(*qp_a).error(), std::errc::invalid_argument);  // one RoCE half per QP
+  const std::uint32_t address_a = *roce::gid_address(*a.context, 0);
+  const std::uint32_t address_b = *roce::gid_address(*b.context, 0);
+  EXPECT_EQ(roce::modify_uc(*qp_a, {.state = roce::UcState::rts}).error(), std::errc::invalid_argument);
+  roce::UcModify rtr_a{.state = roce::UcState::rtr, .local = address_a, .remote = address_b,
+                       .remote_qpn = qp_b->qp_num(), .rq_psn = 0x222, .path_mtu = 1000};
+  roce::UcModify rtr_b{.state = roce::UcState::rtr, .local = address_b, .remote = address_a,
+                       .remote_qpn = qp_a->qp_num(), .rq_psn = 0x111, .path_mtu = 1024};
+  ASSERT_TRUE(roce::modify_uc(*qp_a, {.state = roce::UcState::init}));
+  ASSERT_TRUE(roce::modify_uc(*qp_b, {.state = roce::UcState::init}));
+  EXPECT_EQ(roce::modify_uc(*qp_a, rtr_a).error(), std::errc::invalid_argument);  // no such MTU
+  rtr_a.path_mtu = 1024;
+  ASSERT_TRUE(roce::modify_uc(*qp_a, rtr_a));
+  ASSERT_TRUE(roce::modify_uc(*qp_b, rtr_b));
+  EXPECT_EQ(qp_b->state(), QpState::rtr);
+  ASSERT_TRUE(roce::modify_uc(*qp_a, {.state = roce::UcState::rts, .sq_psn = 0x111}));
+  ASSERT_TRUE(roce::modify_uc(*qp_b, {.state = roce::UcState::rts, .sq_psn = 0x222}));
+  EXPECT_EQ(qp_a->state(), QpState::rts);
+
+  std::vector<std::uint8_t> buffer_a(1 << 16), buffer_b(1 << 16);
+  auto mr_a = a.region(buffer_a);
+  auto mr_b = b.region(buffer_b);
+  for (std::size_t i = 0; i < buffer_a.size(); ++i) buffer_a[i] = static_cast<std::uint8_t>(i * 13 + 1);
+  SendWr send;
+  send.wr_id = 1;
+  send.opcode = WrOpcode::send;
+  send.flags = kSendSignaled;
+  send.sg_list = {mr_a->sge(0, 5000)};
+  // No receive at b: dropped there, yet a success here (UC never hears back).
+  ASSERT_TRUE(qp_a->post_send(send));
+  const auto first = poll_n(*a.cq, 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].status, WcStatus::success);
+  // b takes it on its own progress: wait until it has (and dropped it), bounded.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (roce::uc_stats(*qp_b).dropped_no_receive == 0 && std::chrono::steady_clock::now() < deadline)
+    EXPECT_TRUE(poll_n(*b.cq, 1, std::chrono::milliseconds(1)).empty());
+  ASSERT_EQ(roce::uc_stats(*qp_b).dropped_no_receive, 1u);
+  // Then a Write and a Send that find their receive.
+  ASSERT_TRUE(qp_b->post_recv(RecvWr{.wr_id = 9, .sg_list = {mr_b->sge(0, 20000)}}));
+  SendWr write;
+  write.wr_id = 2;
+  write.opcode = WrOpcode::rdma_write;
+  write.flags = kSendSignaled;
+  write.sg_list = {mr_a->sge(0, 30000)};
+  write.remote_addr = reinterpret_cast<std::uintptr_t>(buffer_b.data()) + 30000;
+  write.rkey = mr_b->rkey();
+  ASSERT_TRUE(qp_a->post_send(write));
+  send.wr_id = 3;
+  send.sg_list = {mr_a->sge(100, 12000)};
+  ASSERT_TRUE(qp_a->post_send(send));
+  SendWr read = write;
+  read.opcode = WrOpcode::rdma_read;
+  EXPECT_EQ(qp_a->post_send(read).error(), std::errc::invalid_argument);  // UC has no Read
+  ASSERT_EQ(poll_n(*a.cq, 2).size(), 2u);
+  const auto received = poll_n(*b.cq, 1);
+  ASSERT_EQ(received.size(), 1u);
+  EXPECT_EQ(received[0].wr_id, 9u);
+  EXPECT_EQ(received[0].byte_len, 12000u);
+  EXPECT_EQ(std::memcmp(buffer_a.data() + 100, buffer_b.data(), 12000), 0);
+  EXPECT_EQ(std::memcmp(buffer_a.data(), buffer_b.data() + 30000, 30000), 0);
+  const core::roce::UcStats stats = roce::uc_stats(*qp_b);
+  EXPECT_EQ(stats.dropped_no_receive, 1u);
+  EXPECT_EQ(stats.messages_delivered, 2u);
+  EXPECT_EQ(roce::dropped_unknown_qp(*b.context), 0u);
+
+  qp_a->to_error();
+  EXPECT_EQ(qp_a->state(), QpState::error);
+  ASSERT_TRUE(qp_a->post_send(send));  // flushed at once
+  const auto flushed = poll_n(*a.cq, 1);
+  ASSERT_EQ(flushed.size(), 1u);
+  EXPECT_EQ(flushed[0].status, WcStatus::wr_flush_error);
 }
 
 }  // namespace

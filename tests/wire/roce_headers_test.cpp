@@ -270,6 +270,18 @@ TEST(Opcodes, ExtensionHeadersPerOpcodeAsTheSheetLists) {
       {Opcode::rc_fetch_add, ext::kAtomicEth, 28, P::none},
       {Opcode::rc_send_last_invalidate, ext::kIeth, 4, P::one_to_pmtu},
       {Opcode::rc_send_only_invalidate, ext::kIeth, 4, P::zero_to_pmtu},
+      {Opcode::uc_send_first, 0, 0, P::exactly_pmtu},
+      {Opcode::uc_send_middle, 0, 0, P::exactly_pmtu},
+      {Opcode::uc_send_last, 0, 0, P::one_to_pmtu},
+      {Opcode::uc_send_last_immediate, ext::kImmDt, 4, P::one_to_pmtu},
+      {Opcode::uc_send_only, 0, 0, P::zero_to_pmtu},
+      {Opcode::uc_send_only_immediate, ext::kImmDt, 4, P::zero_to_pmtu},
+      {Opcode::uc_rdma_write_first, ext::kReth, 16, P::exactly_pmtu},
+      {Opcode::uc_rdma_write_middle, 0, 0, P::exactly_pmtu},
+      {Opcode::uc_rdma_write_last, 0, 0, P::one_to_pmtu},
+      {Opcode::uc_rdma_write_last_immediate, ext::kImmDt, 4, P::one_to_pmtu},
+      {Opcode::uc_rdma_write_only, ext::kReth, 16, P::zero_to_pmtu},
+      {Opcode::uc_rdma_write_only_immediate, ext::kReth | ext::kImmDt, 20, P::zero_to_pmtu},
       {Opcode::ud_send_only, ext::kDeth, 8, P::zero_to_pmtu},
       {Opcode::ud_send_only_immediate, ext::kDeth | ext::kImmDt, 12, P::zero_to_pmtu},
       {Opcode::cnp, ext::kCnpReserved, 16, P::none},
@@ -285,7 +297,7 @@ TEST(Opcodes, ExtensionHeadersPerOpcodeAsTheSheetLists) {
     EXPECT_EQ(info.payload, r.payload);
     listed.insert(static_cast<unsigned>(r.op));
   }
-  // Nothing else is known: UC, RD, 0x15 and the other reserved codes.
+  // Nothing else is known: RD, 0x15, UC's 0x2C-0x3F and the other reserved codes.
   for (unsigned op = 0; op < 256; ++op) {
     if (listed.count(op) != 0) continue;
     EXPECT_FALSE(opcode_info(static_cast<Opcode>(op)).known) << op;
@@ -293,6 +305,7 @@ TEST(Opcodes, ExtensionHeadersPerOpcodeAsTheSheetLists) {
   }
   EXPECT_EQ(opcode_transport(Opcode::rc_send_only), kTransportRc);
   EXPECT_EQ(opcode_transport(Opcode::ud_send_only), kTransportUd);
+  EXPECT_EQ(opcode_transport(Opcode::uc_rdma_write_only_immediate), kTransportUc);
 }
 
 TEST(Opcodes, RequestsResponsesAndMessageEnds) {
@@ -312,6 +325,11 @@ TEST(Opcodes, RequestsResponsesAndMessageEnds) {
   EXPECT_TRUE(consumes_receive_wqe(Opcode::rc_rdma_write_last_immediate));
   EXPECT_FALSE(consumes_receive_wqe(Opcode::rc_send_last));
   EXPECT_FALSE(consumes_receive_wqe(Opcode::rc_rdma_write_only));
+  EXPECT_TRUE(consumes_receive_wqe(Opcode::uc_send_first));
+  EXPECT_TRUE(consumes_receive_wqe(Opcode::uc_rdma_write_only_immediate));
+  EXPECT_FALSE(consumes_receive_wqe(Opcode::uc_send_middle));
+  EXPECT_TRUE(ends_message(Opcode::uc_send_last_immediate));
+  EXPECT_FALSE(ends_message(Opcode::uc_rdma_write_first));
 }
 
 TEST(Opcodes, PathMtuAndPayloadRules) {

@@ -100,7 +100,7 @@ std::vector<PacketCase> packet_cases() {
       {"opcode_reserved_0x15", raw(0x15, 0, 0), E::roce_unsupported_opcode},
       {"opcode_rc_reserved_0x18", raw(0x18, 0, 0), E::roce_unsupported_opcode},
       {"opcode_rc_0x1f", raw(0x1F, 0, 0), E::roce_unsupported_opcode},
-      {"opcode_uc_send_first", raw(0x20, 0, 4), E::roce_unsupported_opcode},
+      {"opcode_uc_reserved_0x2c", raw(0x2C, 0, 4), E::roce_unsupported_opcode},
       {"opcode_rd_send_first", raw(0x40, 0, 4), E::roce_unsupported_opcode},
       {"opcode_ud_0x66", raw(0x66, 0, 8), E::roce_unsupported_opcode},
       {"opcode_cnp_0x80", raw(0x80, 0, 16), E::roce_unsupported_opcode},

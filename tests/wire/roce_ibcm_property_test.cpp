@@ -134,7 +134,13 @@ constexpr Opcode kAllOpcodes[] = {
     Opcode::rc_rdma_read_response_only,   Opcode::rc_acknowledge,
     Opcode::rc_atomic_acknowledge,  Opcode::rc_compare_swap,
     Opcode::rc_fetch_add,           Opcode::rc_send_last_invalidate,
-    Opcode::rc_send_only_invalidate, Opcode::ud_send_only,
+    Opcode::rc_send_only_invalidate, Opcode::uc_send_first,
+    Opcode::uc_send_middle,         Opcode::uc_send_last,
+    Opcode::uc_send_last_immediate, Opcode::uc_send_only,
+    Opcode::uc_send_only_immediate, Opcode::uc_rdma_write_first,
+    Opcode::uc_rdma_write_middle,   Opcode::uc_rdma_write_last,
+    Opcode::uc_rdma_write_last_immediate, Opcode::uc_rdma_write_only,
+    Opcode::uc_rdma_write_only_immediate, Opcode::ud_send_only,
     Opcode::ud_send_only_immediate, Opcode::cnp,
 };
 

@@ -378,6 +378,8 @@ void RoceDevice::on_datagram(RocePort& port, std::span<const std::uint8_t> bytes
     qp->roce->rc.handle_datagram(bytes, source_port, at);
   } else if (qp && qp->roce_ud) {
     qp->roce_ud->ud.handle_datagram(bytes, to_bytes(source), source_port, to_bytes(port.address));
+  } else if (qp && qp->roce_uc) {
+    qp->roce_uc->uc.handle_datagram(bytes, source_port);
   } else {
     ++dropped_unknown_qp;
   }
@@ -441,8 +443,29 @@ bool RoceDevice::drain_ud_qp(RoceUdQp& qp) {
   return any;
 }
 
+bool RoceDevice::drain_uc_qp(RoceUcQp& qp) {
+  if (qp.send_fd < 0) return false;  // before RTR
+  bool any = false;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(wire::roce::kRoceUdpPort);
+  to.sin_addr.s_addr = htonl(qp.remote_address);
+  // The sender copies each datagram as it takes it, before the next poll completes the WR
+  // whose last packet this was (UcQueuePair::poll_datagram).
+  while (qp.uc.poll_datagram(datagram_)) {
+    any = true;
+    pieces_.clear();
+    pieces_.push_back(iovec{datagram_.header.data(), datagram_.header_size});
+    pieces_.insert(pieces_.end(), datagram_.payload.begin(), datagram_.payload.end());
+    if (datagram_.trailer_size > 0) pieces_.push_back(iovec{datagram_.trailer.data(), datagram_.trailer_size});
+    faults_.send(qp.send_fd, to, pieces_);
+  }
+  return any;
+}
+
 bool RoceDevice::drain_qp(QueuePairImpl& qp) {
   if (qp.roce_ud) return drain_ud_qp(*qp.roce_ud);
+  if (qp.roce_uc) return drain_uc_qp(*qp.roce_uc);
   RoceQp& roce = *qp.roce;
   bool any = false;
   sockaddr_in to{};
@@ -474,7 +497,7 @@ void RoceDevice::pump() {
     for (auto& [address, port] : ports_) any = drain_agent(*port) || any;
     for (auto it = qps_.begin(); it != qps_.end();) {
       auto qp = it->second.lock();
-      if (!qp || (!qp->roce && !qp->roce_ud)) {
+      if (!qp || (!qp->roce && !qp->roce_ud && !qp->roce_uc)) {
         it = qps_.erase(it);
         continue;
       }

@@ -37,6 +37,7 @@ struct QueuePairImpl;
 namespace peercm::detail::roce {
 
 struct RoceUdQp;
+struct RoceUcQp;
 
 using Ipv4 = std::uint32_t;  // host order
 
@@ -73,7 +74,7 @@ class RoceDevice {
   // source.
   Result<Ipv4, std::errc> source_for(Ipv4 destination);
 
-  // A QP with its RoCE half (roce or roce_ud): datagrams to its qp_num reach it.
+  // A QP with its RoCE half (roce, roce_ud or roce_uc): datagrams to its qp_num reach it.
   void add_qp(const std::shared_ptr<QueuePairImpl>& qp);
   // The address behind GID `index` of the port (ibv_query_gid, address handles, modify_qp
   // without the CM; docs/roce-transport.md, "Verbs without the CM"). Index 0 is the
@@ -129,6 +130,7 @@ class RoceDevice {
   bool drain_agent(RocePort& port);
   bool drain_qp(QueuePairImpl& qp);
   bool drain_ud_qp(RoceUdQp& qp);
+  bool drain_uc_qp(RoceUcQp& qp);
   void rearm();
 
   RoceOptions options_;

@@ -91,4 +91,26 @@ Status<std::errc> RoceUdQp::send_from(std::uint32_t address) {
   return {};
 }
 
+RoceUcQp::~RoceUcQp() {
+  if (send_fd >= 0) ::close(send_fd);
+}
+
+Result<std::uint16_t, std::errc> RoceUcQp::open_socket(std::uint32_t address) {
+  if (send_fd >= 0) return fail(std::errc::invalid_argument);
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fail(static_cast<std::errc>(errno));
+  forbid_fragments(fd);
+  int buffer = 4 << 20;
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
+  auto port = bind_source_port(fd, address);
+  if (!port) {
+    ::close(fd);
+    return fail(port.error());
+  }
+  send_fd = fd;
+  local_address = address;
+  return *port;
+}
+
 }  // namespace peercm::detail::roce

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "core/roce/rc_queue_pair.hpp"
+#include "core/roce/uc_queue_pair.hpp"
 #include "core/roce/ud_queue_pair.hpp"
 #include "peercm/result.hpp"
 
@@ -57,6 +58,27 @@ struct RoceUdQp {
 
   core::roce::UdQueuePair ud;
   std::uint32_t local_address = 0;  // host order; 0 until the first send
+  int send_fd = -1;
+};
+
+// The RoCE half of a UC queue pair (ibv_create_qp IBV_QPT_UC): the UC core, and from RTR on
+// the socket its packets leave from (one source port for the QP's life, as for RC) and the
+// peer's address they go to. Its packets arrive on the context's 4791 sockets by QPN.
+struct RoceUcQp {
+  RoceUcQp(const core::roce::UcQpConfig& config, core::MemoryTable& memory, core::CompletionSink& send_cq,
+           core::CompletionSink& recv_cq)
+      : uc(config, memory, send_cq, recv_cq) {}
+  ~RoceUcQp();
+  RoceUcQp(const RoceUcQp&) = delete;
+  RoceUcQp& operator=(const RoceUcQp&) = delete;
+
+  // Binds the send socket on `local_address` (host order); the source port it gets goes
+  // into the path's ICRC fields.
+  Result<std::uint16_t, std::errc> open_socket(std::uint32_t local_address);
+
+  core::roce::UcQueuePair uc;
+  std::uint32_t local_address = 0;   // host order; set at RTR
+  std::uint32_t remote_address = 0;  // host order; set at RTR
   int send_fd = -1;
 };
 

@@ -49,7 +49,7 @@ Status<std::errc> connect_rc(QueuePair& qp, const RcPath& path) {
   ContextImpl& ctx = *impl.context;
   std::lock_guard lock(ctx.mutex);
   auto shared = standalone(qp);
-  if (!shared || shared->claimed || impl.roce || impl.roce_ud) return fail(std::errc::invalid_argument);
+  if (!shared || shared->claimed || impl.roce || impl.roce_ud || impl.roce_uc) return fail(std::errc::invalid_argument);
   if (impl.engine.state() != QpState::reset && impl.engine.state() != QpState::init)
     return fail(std::errc::invalid_argument);
   const auto pmtu = path_mtu_of(path.path_mtu);
@@ -163,6 +163,65 @@ Status<std::errc> post_ud_send(QueuePair& qp, const SendWr& wr, const core::roce
 core::roce::UdStats ud_stats(QueuePair& qp) {
   std::lock_guard lock(qp.impl().context->mutex);
   return qp.impl().roce_ud ? qp.impl().roce_ud->ud.stats() : core::roce::UdStats{};
+}
+
+Status<std::errc> make_uc(QueuePair& qp) {
+  QueuePairImpl& impl = qp.impl();
+  ContextImpl& ctx = *impl.context;
+  std::lock_guard lock(ctx.mutex);
+  auto shared = standalone(qp);
+  if (!shared || shared->claimed || impl.roce || impl.roce_ud || impl.roce_uc) return fail(std::errc::invalid_argument);
+  const core::roce::UcQpConfig config{.qpn = impl.qp_num,
+                                      .pd = impl.pd,
+                                      .caps = impl.caps,
+                                      .signal_all = impl.signal_all,
+                                      .srq = impl.srq ? &impl.srq->queue : nullptr};
+  impl.roce_uc = std::make_unique<RoceUcQp>(config, ctx.memory, *impl.send_cq, *impl.recv_cq);
+  shared->claimed = true;  // a UC QP never carries a CM connection
+  device_of(ctx).add_qp(shared);
+  return {};
+}
+
+Status<std::errc> modify_uc(QueuePair& qp, const UcModify& change) {
+  QueuePairImpl& impl = qp.impl();
+  ContextImpl& ctx = *impl.context;
+  std::lock_guard lock(ctx.mutex);
+  if (!impl.roce_uc) return fail(std::errc::invalid_argument);
+  RoceUcQp& roce = *impl.roce_uc;
+  switch (change.state) {
+    case UcState::init: return roce.uc.to_init();
+    case UcState::rtr: {
+      const auto pmtu = path_mtu_of(change.path_mtu);
+      if (!pmtu || change.remote == 0 || roce.uc.state() != QpState::init ||
+          change.remote_qpn > wire::roce::kQpnMask || change.rq_psn > wire::roce::kQpnMask)
+        return fail(std::errc::invalid_argument);
+      RoceDevice& device = device_of(ctx);
+      if (device.gid_index_of(change.local) < 0) return fail(std::errc::invalid_argument);
+      // Our packets arrive on (local, 4791); they leave from a socket of the QP's own.
+      if (auto port = device.port(change.local); !port) return fail(port.error());
+      core::roce::UcPath path{.remote_qpn = change.remote_qpn,
+                              .recv_psn = change.rq_psn,
+                              .pmtu = *pmtu,
+                              .local_ip = to_bytes(change.local),
+                              .remote_ip = to_bytes(change.remote)};
+      auto source_port = roce.open_socket(change.local);
+      if (!source_port) return fail(source_port.error());
+      path.udp_source_port = *source_port;
+      roce.remote_address = change.remote;
+      return roce.uc.to_rtr(path);
+    }
+    case UcState::rts: return roce.uc.to_rts(change.sq_psn);  // sends are refused before RTS
+    case UcState::error:
+      roce.uc.modify_to_error();
+      device_of(ctx).pump();
+      return {};
+  }
+  return fail(std::errc::invalid_argument);
+}
+
+core::roce::UcStats uc_stats(QueuePair& qp) {
+  std::lock_guard lock(qp.impl().context->mutex);
+  return qp.impl().roce_uc ? qp.impl().roce_uc->uc.stats() : core::roce::UcStats{};
 }
 
 std::uint64_t dropped_unknown_qp(Context& context) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <system_error>
 
+#include "core/roce/uc_queue_pair.hpp"
 #include "core/roce/ud_queue_pair.hpp"
 #include "peercm/result.hpp"
 #include "peercm/verbs.hpp"
@@ -57,6 +58,26 @@ std::uint32_t ud_qkey(QueuePair& qp);
 // payload may be one PMTU: 4096 bytes between loopback addresses, else 1024.
 Status<std::errc> post_ud_send(QueuePair& qp, const SendWr& wr, const core::roce::UdDestination& destination);
 core::roce::UdStats ud_stats(QueuePair& qp);
+
+// Makes a QP made with QueuePair::create a UC queue pair in RESET (an SRQ may feed it).
+Status<std::errc> make_uc(QueuePair& qp);
+// UC state changes (modify_qp): INIT, RTR with the peer and the path, RTS with the first
+// PSN, ERROR. Values keep their verbs widths; they are checked here.
+enum class UcState : std::uint8_t { init, rtr, rts, error };
+struct UcModify {
+  UcState state = UcState::init;
+  Ipv4Address local = 0;   // RTR: the source GID's address
+  Ipv4Address remote = 0;  // RTR: the destination GID's address
+  std::uint32_t remote_qpn = 0;
+  std::uint32_t rq_psn = 0;
+  std::uint32_t path_mtu = 1024;  // bytes
+  std::uint32_t sq_psn = 0;       // RTS
+};
+// EINVAL for a QP that is not UC, a transition from the wrong state, a QPN or PSN over 24
+// bits, an unknown MTU, an address that is not the context's; the port's errors
+// (EADDRINUSE) when `local` cannot be opened.
+Status<std::errc> modify_uc(QueuePair& qp, const UcModify& change);
+core::roce::UcStats uc_stats(QueuePair& qp);
 // Datagrams the context dropped because no QP of it has their QPN.
 std::uint64_t dropped_unknown_qp(Context& context);
 

@@ -37,6 +37,20 @@ OpcodeInfo opcode_info(Opcode op) {
     case Opcode::rc_send_last_invalidate: return {true, ext::kIeth, P::one_to_pmtu, "RC SEND LAST with Invalidate"};
     case Opcode::rc_send_only_invalidate:
       return {true, ext::kIeth, P::zero_to_pmtu, "RC SEND ONLY with Invalidate"};
+    case Opcode::uc_send_first: return {true, 0, P::exactly_pmtu, "UC SEND FIRST"};
+    case Opcode::uc_send_middle: return {true, 0, P::exactly_pmtu, "UC SEND MIDDLE"};
+    case Opcode::uc_send_last: return {true, 0, P::one_to_pmtu, "UC SEND LAST"};
+    case Opcode::uc_send_last_immediate: return {true, ext::kImmDt, P::one_to_pmtu, "UC SEND LAST with Immediate"};
+    case Opcode::uc_send_only: return {true, 0, P::zero_to_pmtu, "UC SEND ONLY"};
+    case Opcode::uc_send_only_immediate: return {true, ext::kImmDt, P::zero_to_pmtu, "UC SEND ONLY with Immediate"};
+    case Opcode::uc_rdma_write_first: return {true, ext::kReth, P::exactly_pmtu, "UC RDMA WRITE FIRST"};
+    case Opcode::uc_rdma_write_middle: return {true, 0, P::exactly_pmtu, "UC RDMA WRITE MIDDLE"};
+    case Opcode::uc_rdma_write_last: return {true, 0, P::one_to_pmtu, "UC RDMA WRITE LAST"};
+    case Opcode::uc_rdma_write_last_immediate:
+      return {true, ext::kImmDt, P::one_to_pmtu, "UC RDMA WRITE LAST with Immediate"};
+    case Opcode::uc_rdma_write_only: return {true, ext::kReth, P::zero_to_pmtu, "UC RDMA WRITE ONLY"};
+    case Opcode::uc_rdma_write_only_immediate:
+      return {true, ext::kReth | ext::kImmDt, P::zero_to_pmtu, "UC RDMA WRITE ONLY with Immediate"};
     case Opcode::ud_send_only: return {true, ext::kDeth, P::zero_to_pmtu, "UD SEND ONLY"};
     case Opcode::ud_send_only_immediate:
       return {true, ext::kDeth | ext::kImmDt, P::zero_to_pmtu, "UD SEND ONLY with Immediate"};
@@ -82,6 +96,11 @@ bool consumes_receive_wqe(Opcode op) {
     case Opcode::rc_send_only_invalidate:
     case Opcode::rc_rdma_write_last_immediate:
     case Opcode::rc_rdma_write_only_immediate:
+    case Opcode::uc_send_first:
+    case Opcode::uc_send_only:
+    case Opcode::uc_send_only_immediate:
+    case Opcode::uc_rdma_write_last_immediate:
+    case Opcode::uc_rdma_write_only_immediate:
     case Opcode::ud_send_only:
     case Opcode::ud_send_only_immediate:
       return true;
@@ -105,6 +124,14 @@ bool ends_message(Opcode op) {
     case Opcode::rc_fetch_add:
     case Opcode::rc_send_last_invalidate:
     case Opcode::rc_send_only_invalidate:
+    case Opcode::uc_send_last:
+    case Opcode::uc_send_last_immediate:
+    case Opcode::uc_send_only:
+    case Opcode::uc_send_only_immediate:
+    case Opcode::uc_rdma_write_last:
+    case Opcode::uc_rdma_write_last_immediate:
+    case Opcode::uc_rdma_write_only:
+    case Opcode::uc_rdma_write_only_immediate:
     case Opcode::ud_send_only:
     case Opcode::ud_send_only_immediate:
       return true;

@@ -1,4 +1,4 @@
-// The RC and UD opcodes peercm speaks over RoCEv2, the extension headers each one carries,
+// The RC, UC and UD opcodes peercm speaks over RoCEv2, the extension headers each one carries,
 // and the per-packet payload rules (IBTA Vol 1 ch. 9; roce-ibcm-wire.md §2.1, §2.3).
 #pragma once
 
@@ -9,7 +9,7 @@
 namespace peercm::wire::roce {
 
 // Byte 0 of the BTH: transport in bits 7-5, operation in bits 4-0. Values outside this list
-// (UC, RD, reserved) are representable so that decoders can name what they refuse.
+// (RD, reserved) are representable so that decoders can name what they refuse.
 enum class Opcode : std::uint8_t {
   rc_send_first = 0x00,
   rc_send_middle = 0x01,
@@ -34,6 +34,20 @@ enum class Opcode : std::uint8_t {
   rc_fetch_add = 0x14,
   rc_send_last_invalidate = 0x16,
   rc_send_only_invalidate = 0x17,
+  // UC: the RC SEND and RDMA WRITE operations under prefix 001 (IBTA Vol 1 §9.2; no READ,
+  // atomics, ACKs or Invalidate).
+  uc_send_first = 0x20,
+  uc_send_middle = 0x21,
+  uc_send_last = 0x22,
+  uc_send_last_immediate = 0x23,
+  uc_send_only = 0x24,
+  uc_send_only_immediate = 0x25,
+  uc_rdma_write_first = 0x26,
+  uc_rdma_write_middle = 0x27,
+  uc_rdma_write_last = 0x28,
+  uc_rdma_write_last_immediate = 0x29,
+  uc_rdma_write_only = 0x2A,
+  uc_rdma_write_only_immediate = 0x2B,
   ud_send_only = 0x64,
   ud_send_only_immediate = 0x65,
   cnp = 0x81,  // RoCEv2 congestion notification (Annex A17; roce-ibcm-wire.md §2.1)
@@ -74,6 +88,7 @@ OpcodeInfo opcode_info(Opcode op);
 
 constexpr std::uint8_t opcode_transport(Opcode op) { return static_cast<std::uint8_t>(op) >> 5; }
 inline constexpr std::uint8_t kTransportRc = 0;
+inline constexpr std::uint8_t kTransportUc = 1;
 inline constexpr std::uint8_t kTransportUd = 3;
 
 // Bytes of extension headers an opcode carries (0 for unknown opcodes).
