@@ -383,7 +383,7 @@ void Link::place(std::uint64_t offset, const std::uint8_t* bytes, std::size_t n,
   // The frame's last byte is stored last: riostream spins on the last byte of a transfer and
   // then reads the rest.
   std::memcpy(target, bytes, n - 1);
-  std::atomic_thread_fence(std::memory_order_release);
+  // A release store: the bytes before it are visible to whoever sees it.
   std::atomic_ref<std::uint8_t>(target[n - 1]).store(bytes[n - 1], std::memory_order_release);
 }
 
