@@ -493,8 +493,12 @@ int rdma_listen(rdma_cm_id* id, int backlog) {
   if (auto set = state.cpp->set_option(CmOption::peer_to_peer, state.peer_to_peer == 0 ? 0 : 1); !set)
     return fail_errno(set.error());
   if (auto listening = state.cpp->listen(backlog); !listening) return fail_errno(listening.error());
-  state.listening = true;
-  state_of<ContextState>(state.context)->listeners.fetch_add(1);
+  // A UDP-port-space listener takes SIDR requests only: it leaves the RC connects of the node
+  // client/server (effective_peer_to_peer).
+  if (id->ps != RDMA_PS_UDP) {
+    state.listening = true;
+    state_of<ContextState>(state.context)->listeners.fetch_add(1);
+  }
   bind_to_device(id);
   fill_route(id);
   return 0;
