@@ -10,6 +10,9 @@
 // copies silently; the passive peer's REQ_SENT connection takes the peer's REQ (its REQ stops,
 // its comm ID stays) and answers it with a REP on behalf of the application's attempt.
 //
+// SIDR (ibcm_agent_sidr.cpp): rdma_cm's UDP port space has no connections; one SIDR_REQ /
+// SIDR_REP exchange per id, matched by request ID, resent on a timer, bounded in both directions.
+//
 // The application names connections by IbCmId (rdma_cm's cm_id): an attempt keeps its id when
 // it is bound to the peer's REQ. Ids end after `rejected`, `unreachable`, `connect_error`, or
 // `timewait_exit`; a connection whose id ended finishes its own protocol (TIMEWAIT) alone.
