@@ -69,6 +69,8 @@ struct ConnParam {
   // In events: the peer's QP number. In connect()/accept() on an id without a QP: the number
   // of a QP made with QueuePair::create() that the connection runs on (rdma_cm's qp_num).
   std::uint32_t qp_num = 0;
+  // Datagram ids (CmOption::datagram), established: the Q_Key of the peer's UD QP.
+  std::uint32_t qkey = 0;
 };
 
 struct CmEvent {
@@ -116,6 +118,11 @@ enum class CmOption : std::uint8_t {
   connect_timeout,
   crc,              // 0 required, 1 preferred, 2 off
   p2p_tag,          // 32-bit tag of the p2p key
+  // bool, default off; set before bind/listen/connect. On: rdma_cm's UDP port space over RoCE:
+  // connect() is a SIDR request whose established event names the peer's UD QP (qp_num,
+  // qkey), accept() answers a request with the UD QP given by qp_num, and the id has no
+  // connection to disconnect. EPROTONOSUPPORT over iWARP, which has no datagram service.
+  datagram,
 };
 
 // Process-wide default of the PeerToPeer option for new ids.

@@ -490,6 +490,12 @@ Status<std::errc> CmId::set_option(CmOption option, std::int64_t value) {
       if (value < 0 || value > 0xFFFFFFFF) return fail(std::errc::invalid_argument);
       impl_->tag = static_cast<std::uint32_t>(value);
       return {};
+    case CmOption::datagram:
+      if (value != 0 && value != 1) return fail(std::errc::invalid_argument);
+      if (value == 1 && impl_->transport != Transport::roce) return fail(std::errc::protocol_not_supported);
+      if (impl_->state != detail::CmIdImpl::State::idle) return fail(std::errc::operation_in_progress);
+      impl_->datagram = value == 1;
+      return {};
   }
   return fail(std::errc::function_not_supported);
 }
@@ -501,6 +507,7 @@ std::int64_t CmId::option(CmOption option) const {
     case CmOption::connect_timeout: return impl_->connect_timeout_ms;
     case CmOption::crc: return static_cast<std::int64_t>(impl_->crc);
     case CmOption::p2p_tag: return impl_->tag;
+    case CmOption::datagram: return impl_->datagram ? 1 : 0;
   }
   return -1;
 }

@@ -112,6 +112,7 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   // RoCE (api/roce/roce_cm.cpp). The agent of `roce_address` (host order) knows this id's
   // connection as `roce_id` (0: none).
   Transport transport = Transport::iwarp;
+  bool datagram = false;  // CmOption::datagram: SIDR in rdma_cm's UDP port space
   std::uint32_t roce_address = 0;
   std::uint32_t roce_id = 0;
   std::uint16_t roce_listen_port = 0;

@@ -1,5 +1,6 @@
 // rdma_getaddrinfo: names and services to the addresses rdma_create_ep() takes. One result,
-// IPv4, for a connected (RC) endpoint over TCP; errors are getaddrinfo's EAI_* codes.
+// IPv4, for a connected (RC) endpoint, or a UD one in rdma_cm's UDP port space (RDMA_PS_UDP or
+// IBV_QPT_UD in the hints); errors are getaddrinfo's EAI_* codes.
 #include <netdb.h>
 
 #include <cstdlib>
@@ -20,10 +21,18 @@ sockaddr* copy_address(const sockaddr* address, socklen_t length) {
 int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints, rdma_addrinfo** res) {
   if (!res) return EAI_SYSTEM;
   const int flags = hints ? hints->ai_flags : 0;
+  bool datagram = false;
   if (hints) {
     if (hints->ai_family != AF_UNSPEC && hints->ai_family != AF_INET) return EAI_FAMILY;
-    if (hints->ai_qp_type != 0 && hints->ai_qp_type != IBV_QPT_RC) return EAI_SOCKTYPE;
-    if (hints->ai_port_space != 0 && hints->ai_port_space != RDMA_PS_TCP && hints->ai_port_space != RDMA_PS_IB)
+    if (hints->ai_qp_type != 0 && hints->ai_qp_type != IBV_QPT_RC && hints->ai_qp_type != IBV_QPT_UD)
+      return EAI_SOCKTYPE;
+    if (hints->ai_port_space != 0 && hints->ai_port_space != RDMA_PS_TCP && hints->ai_port_space != RDMA_PS_IB &&
+        hints->ai_port_space != RDMA_PS_UDP)
+      return EAI_SOCKTYPE;
+    datagram = hints->ai_port_space == RDMA_PS_UDP || hints->ai_qp_type == IBV_QPT_UD;
+    // librdmacm pairs UD with the UDP port space and RC with TCP's; a mixed pair names nothing.
+    if (datagram && (hints->ai_qp_type == IBV_QPT_RC ||
+                     (hints->ai_port_space != 0 && hints->ai_port_space != RDMA_PS_UDP)))
       return EAI_SOCKTYPE;
   }
   addrinfo ip_hints{};
@@ -41,8 +50,8 @@ int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo*
   }
   rai->ai_flags = flags;
   rai->ai_family = AF_INET;
-  rai->ai_qp_type = IBV_QPT_RC;
-  rai->ai_port_space = RDMA_PS_TCP;
+  rai->ai_qp_type = datagram ? IBV_QPT_UD : IBV_QPT_RC;
+  rai->ai_port_space = datagram ? RDMA_PS_UDP : RDMA_PS_TCP;
   bool ok = true;
   if (flags & RAI_PASSIVE) {
     rai->ai_src_addr = copy_address(found->ai_addr, found->ai_addrlen);

@@ -12,6 +12,7 @@
 
 #include "api/event_channel_impl.hpp"
 #include "api/port_reservation.hpp"
+#include "api/roce/roce_verbs.hpp"
 #include "capi/handles.hpp"
 
 namespace peercm::capi {
@@ -87,7 +88,7 @@ rdma_cm_id* wrap_id(std::unique_ptr<CmId> cpp, ibv_context* context, rdma_event_
   pub.channel = channel;
   pub.context = user_context;
   pub.ps = ps;
-  pub.qp_type = IBV_QPT_RC;
+  pub.qp_type = ps == RDMA_PS_UDP ? IBV_QPT_UD : IBV_QPT_RC;
   {
     std::lock_guard lock(g_ids.mutex);
     g_ids.ids[state.cpp.get()] = &pub;
@@ -121,6 +122,28 @@ rdma_cm_id* adopt_request(rdma_cm_id* listener, std::unique_ptr<CmId> cpp, const
   bind_to_device(child);
   fill_route(child);
   return child;
+}
+
+// RDMA_PS_UDP: the event's rdma_ud_param. ESTABLISHED names the peer's UD QP as rdma_cm does:
+// an address vector with the peer's GID (::ffff:a.b.c.d) and the GID index of our address,
+// its QPN and Q_Key. The union's connection fields are not filled for a UD id.
+void fill_ud_param(rdma_cm_event& pub, const CmEvent& event, const std::vector<std::uint8_t>& private_data) {
+  pub.param.ud = rdma_ud_param{};
+  pub.param.ud.private_data = private_data.empty() ? nullptr : private_data.data();
+  pub.param.ud.private_data_len = static_cast<std::uint8_t>(private_data.size());
+  if (pub.event != RDMA_CM_EVENT_ESTABLISHED || !pub.id) return;
+  ibv_ah_attr& ah = pub.param.ud.ah_attr;
+  ah.is_global = 1;
+  ah.port_num = 1;
+  ah.grh.hop_limit = 64;
+  ah.grh.dgid.raw[10] = 0xFF;
+  ah.grh.dgid.raw[11] = 0xFF;
+  std::memcpy(ah.grh.dgid.raw + 12, &pub.id->route.addr.dst_sin.sin_addr, 4);
+  Context& context = cpp_context(st(pub.id).context);
+  const int index = detail::roce::gid_index_of(context, ntohl(pub.id->route.addr.src_sin.sin_addr.s_addr));
+  ah.grh.sgid_index = static_cast<std::uint8_t>(std::max(index, 0));
+  pub.param.ud.qp_num = event.param.qp_num;
+  pub.param.ud.qkey = event.param.qkey;
 }
 
 // One event of `id` acked (or dropped before it reached the application).
@@ -179,6 +202,7 @@ rdma_cm_event* translate(CmEvent event) {
     delete shell;
     return nullptr;
   }
+  if (pub.id && pub.id->ps == RDMA_PS_UDP) fill_ud_param(pub, event, state.private_data);
   state.counted = counted;
   return &pub;
 }
@@ -208,6 +232,11 @@ Result<ConnParam, std::errc> to_conn_param(rdma_cm_id* id, const rdma_conn_param
   out.initiator_depth = std::min(in->initiator_depth, kMaxRdAtom);
   if (!id->qp) out.qp_num = in->qp_num;
   return out;
+}
+
+// rdma_cm names a UD id's QP in its SIDR_REP: the id's own, else the caller's qp_num.
+void name_ud_qp(rdma_cm_id* id, ConnParam& param) {
+  if (id->ps == RDMA_PS_UDP && id->qp) param.qp_num = id->qp->qp_num;
 }
 
 int finish(rdma_cm_id* id, Status<std::errc> started) {
@@ -342,11 +371,13 @@ void rdma_free_devices(ibv_context** list) { std::free(list); }
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, rdma_port_space ps) {
   if (!id) return fail_errno(EINVAL);
-  if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB) return fail_errno(EPROTONOSUPPORT);  // connected (RC) only
+  if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB && ps != RDMA_PS_UDP) return fail_errno(EPROTONOSUPPORT);
   // PEERCM_TRANSPORT picks the device, hence the transport, as an address picks the device
   // under librdmacm.
   ibv_context* device = cm_context(default_transport());
   if (!device) return -1;
+  // RDMA_PS_UDP is SIDR and UD QPs: RoCE only; iWARP has no datagram service.
+  if (ps == RDMA_PS_UDP && transport_of(device) != Transport::roce) return fail_errno(EPROTONOSUPPORT);
   const bool sync = channel == nullptr;
   rdma_event_channel* reports_to = sync ? new_channel() : channel;
   if (!reports_to) return -1;
@@ -355,6 +386,13 @@ int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context, 
   if (!cpp) {
     if (sync) delete_channel(reports_to);
     return fail_errno(cpp.error());
+  }
+  if (ps == RDMA_PS_UDP) {
+    if (auto set = (*cpp)->set_option(CmOption::datagram, 1); !set) {
+      cpp->reset();
+      if (sync) delete_channel(reports_to);
+      return fail_errno(set.error());
+    }
   }
   *id = wrap_id(std::move(*cpp), device, reports_to, sync, context, ps);
   return 0;
@@ -455,8 +493,12 @@ int rdma_listen(rdma_cm_id* id, int backlog) {
   if (auto set = state.cpp->set_option(CmOption::peer_to_peer, state.peer_to_peer == 0 ? 0 : 1); !set)
     return fail_errno(set.error());
   if (auto listening = state.cpp->listen(backlog); !listening) return fail_errno(listening.error());
-  state.listening = true;
-  state_of<ContextState>(state.context)->listeners.fetch_add(1);
+  // A UDP-port-space listener takes SIDR requests only: it leaves the RC connects of the node
+  // client/server (effective_peer_to_peer).
+  if (id->ps != RDMA_PS_UDP) {
+    state.listening = true;
+    state_of<ContextState>(state.context)->listeners.fetch_add(1);
+  }
   bind_to_device(id);
   fill_route(id);
   return 0;
@@ -478,6 +520,7 @@ int rdma_accept(rdma_cm_id* id, rdma_conn_param* conn_param) {
   // Without parameters the answer matches what the request asked for.
   auto param = to_conn_param(id, conn_param, state.request_responder_resources, state.request_initiator_depth);
   if (!param) return fail_errno(param.error());
+  name_ud_qp(id, *param);
   return finish(id, state.cpp->accept(*param));
 }
 

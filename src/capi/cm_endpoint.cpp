@@ -22,6 +22,23 @@ bool make_id_cq(rdma_cm_id* id, std::uint32_t depth, ibv_comp_channel** channel,
   return false;
 }
 
+// rdma_cm hands a UD id's QP over ready to use: INIT with the UDP port space's Q_Key, RTR, RTS.
+// It stays the verbs' QP (the CM never drives it); the id names it in its SIDR_REP.
+int ready_ud_qp(ibv_qp* qp) {
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.port_num = 1;
+  attr.qkey = RDMA_UDP_QKEY;
+  if (const int ret = ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY); ret != 0)
+    return ret;
+  attr = ibv_qp_attr{};
+  attr.qp_state = IBV_QPS_RTR;
+  if (const int ret = ibv_modify_qp(qp, &attr, IBV_QP_STATE); ret != 0) return ret;
+  attr.qp_state = IBV_QPS_RTS;
+  attr.sq_psn = 0;
+  return ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_SQ_PSN);
+}
+
 void destroy_id_cqs(rdma_cm_id* id) {
   if (id->recv_cq) ibv_destroy_cq(id->recv_cq);
   if (id->send_cq && id->send_cq != id->recv_cq) ibv_destroy_cq(id->send_cq);
@@ -62,7 +79,14 @@ int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
   if (own_send) qp_init_attr->send_cq = id->send_cq;
   if (own_recv) qp_init_attr->recv_cq = id->recv_cq;
   ibv_qp* qp = ibv_create_qp(pd, qp_init_attr);
-  if (qp) {
+  const bool ud = id->qp_type == IBV_QPT_UD;
+  if (qp && ud) {
+    if (const int ret = ready_ud_qp(qp); ret != 0) {
+      ibv_destroy_qp(qp);
+      qp = nullptr;
+      errno = ret;
+    }
+  } else if (qp) {
     if (auto attached = state.cpp->attach_qp(*state_of<QpHandleState>(qp)->cpp); !attached) {
       ibv_destroy_qp(qp);
       qp = nullptr;
@@ -74,9 +98,11 @@ int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
     destroy_id_cqs(id);
     return fail_errno(error);
   }
-  // librdmacm hands the QP over in INIT: the CM takes it from there.
-  state_of<QpHandleState>(qp)->recorded = IBV_QPS_INIT;
-  qp->state = IBV_QPS_INIT;
+  if (!ud) {
+    // librdmacm hands the QP over in INIT: the CM takes it from there.
+    state_of<QpHandleState>(qp)->recorded = IBV_QPS_INIT;
+    qp->state = IBV_QPS_INIT;
+  }
   state_of<QpHandleState>(qp)->id = id;
   id->qp = qp;
   id->pd = pd;
@@ -118,6 +144,27 @@ void rdma_destroy_qp(rdma_cm_id* id) {
 // business, so nothing is left for the application to change.
 int rdma_init_qp_attr(rdma_cm_id* id, ibv_qp_attr* qp_attr, int* qp_attr_mask) {
   if (!id || !qp_attr || !qp_attr_mask) return fail_errno(EINVAL);
+  if (id->ps == RDMA_PS_UDP) {
+    // rdma_cm's UD attributes: the UDP port space's Q_Key in INIT, the first PSN in RTS.
+    switch (qp_attr->qp_state) {
+      case IBV_QPS_INIT:
+        qp_attr->pkey_index = 0;
+        qp_attr->qkey = RDMA_UDP_QKEY;
+        *qp_attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+        break;
+      case IBV_QPS_RTR:
+        *qp_attr_mask = IBV_QP_STATE;
+        break;
+      case IBV_QPS_RTS:
+        qp_attr->sq_psn = 0;
+        *qp_attr_mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+        break;
+      default:
+        return fail_errno(EINVAL);
+    }
+    qp_attr->port_num = 1;
+    return 0;
+  }
   switch (qp_attr->qp_state) {
     case IBV_QPS_INIT:
     case IBV_QPS_RTR:

@@ -103,6 +103,7 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   auto child_impl = std::make_shared<CmIdImpl>(listener->ctx, listener->channel, listener->user_context);
   child_impl->public_context = listener->public_context;
   child_impl->transport = Transport::roce;
+  child_impl->datagram = event.datagram;
   child_impl->state = CmIdImpl::State::request_received;
   child_impl->peer_to_peer = event.peer_to_peer;
   child_impl->tag = event.tag;
@@ -124,7 +125,8 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   out.param = event_param(event);
   out.new_id = std::move(child);
   log::info("cm", "id {} (roce, listener): CONNECT_REQUEST from {} as new id {} ({})", listener->number,
-            log::address(child_impl->peer), child_impl->number, event.peer_to_peer ? "p2p" : "client/server");
+            log::address(child_impl->peer), child_impl->number,
+            event.datagram ? "SIDR" : event.peer_to_peer ? "p2p" : "client/server");
   child_impl->channel->push(std::move(out));
 }
 
@@ -167,9 +169,15 @@ Status<std::errc> listen(CmIdImpl& id) {
   }
   if (service == 0) service = device.ephemeral_service_port(address);
   if (service == 0 || device.service_taken(address, service)) return fail(std::errc::address_in_use);
-  for (RocePort* port : ports) port->agent.listen(service);
+  for (RocePort* port : ports) {
+    if (id.datagram) {
+      port->agent.listen_datagram(service);
+    } else {
+      port->agent.listen(service);
+    }
+  }
   device.track_listener(address, service, id.shared_from_this());
-  if (device.p2p_listen_port == 0) device.p2p_listen_port = service;
+  if (device.p2p_listen_port == 0 && !id.datagram) device.p2p_listen_port = service;
   id.roce_address = address;
   id.roce_listen_port = service;
   id.bound_address = socket_address(address, service);
@@ -235,6 +243,9 @@ Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& 
 }
 
 Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::uint32_t pd, const QpInitAttr& attr) {
+  // A datagram id's UD QP is made with the verbs (ibv_create_qp, as rdma_create_qp does) and
+  // named by its number in connect()/accept(); the id carries no RC core.
+  if (id.datagram) return fail(std::errc::operation_not_supported);
   auto impl = std::make_shared<QueuePairImpl>(id.ctx, pd, attr);
   if (auto attached = attach_qp(id, impl); !attached) return fail(attached.error());
   return impl;
@@ -311,7 +322,35 @@ Status<std::errc> claim_qp_by_number(CmIdImpl& id, std::uint32_t qp_num) {
 
 }  // namespace
 
+// rdma_connect on a datagram id: a SIDR_REQ for the destination's UDP service. The exchange is
+// bounded by the id's connect timeout: the REQ is resent within it, at most as often as the
+// IB CM's own retry count allows and no slower than its response timeout.
+Status<std::errc> connect_datagram(CmIdImpl& id, const ConnParam& param) {
+  RocePort* port = port_of(id);
+  if (!port) return fail(std::errc::invalid_argument);
+  RoceDevice& device = device_of(*id.ctx);
+  core::ibcm::IbCmSidrParams request;
+  request.destination = to_bytes(ntohl(id.destination.sin_addr.s_addr));
+  request.port = ntohs(id.destination.sin_port);
+  request.source_port = ntohs(id.bound_address->sin_port);
+  request.private_data = param.private_data;
+  const std::uint8_t retries = device.options().cm_max_retries;
+  const auto total = std::chrono::duration_cast<core::Duration>(std::chrono::milliseconds(id.connect_timeout_ms));
+  request.max_retries = retries;
+  request.retry_interval = std::min(core::ibcm::cm_time(device.options().cm_response_timeout), total / (retries + 1));
+  auto agent_id = port->agent.sidr_request(request, now());
+  if (!agent_id) return fail(agent_id.error());
+  id.roce_id = *agent_id;
+  id.roce_param = param;
+  id.peer = id.destination;
+  device.track_id(id.roce_address, id.roce_id, id.shared_from_this());
+  id.state = CmIdImpl::State::connecting;
+  device.pump();
+  return {};
+}
+
 Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<CmEvent>& retracted) {
+  if (id.datagram) return connect_datagram(id, param);
   if (!id.qp_impl) {
     if (auto claimed = claim_qp_by_number(id, param.qp_num); !claimed) return claimed;
     id.qp_by_number = true;  // CONNECT_RESPONSE, then establish(), as over iWARP
@@ -345,6 +384,23 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
 
 Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) {
   if (id.state != CmIdImpl::State::request_received || id.roce_id == 0) return fail(std::errc::invalid_argument);
+  if (id.datagram) {
+    // SIDR_REP: the UD QP `qp_num` names, with rdma_cm's Q_Key for the UDP port space. The
+    // exchange is over once it leaves; a copy of the request gets the same answer.
+    RocePort* port = port_of(id);
+    if (!port) return fail(std::errc::invalid_argument);
+    core::ibcm::IbCmAcceptParams reply;
+    reply.qpn = param.qp_num;
+    reply.qkey = core::ibcm::kRdmaUdpQkey;
+    reply.private_data = param.private_data;
+    if (auto accepted = port->agent.accept(id.roce_id, reply, now()); !accepted) return fail(accepted.error());
+    id.roce_param = param;
+    id.state = CmIdImpl::State::established;
+    id.release_pending();
+    end_agent_id(id);
+    device_of(*id.ctx).pump();
+    return {};
+  }
   if (!id.qp_impl) {
     if (auto claimed = claim_qp_by_number(id, param.qp_num); !claimed) return claimed;
   }
@@ -375,6 +431,7 @@ Status<std::errc> reject(CmIdImpl& id, std::span<const std::uint8_t> private_dat
 }
 
 Status<std::errc> disconnect(CmIdImpl& id) {
+  if (id.datagram) return fail(std::errc::invalid_argument);  // no connection to end
   if (id.roce_id == 0) return fail(std::errc::not_connected);
   if (id.state != CmIdImpl::State::established && id.state != CmIdImpl::State::disconnected)
     return fail(std::errc::invalid_argument);
@@ -408,8 +465,13 @@ void release(CmIdImpl& id) {
     if (device.p2p_listen_port == id.roce_listen_port) device.p2p_listen_port = 0;
     for (RocePort* port : device.all_ports())
       if ((id.roce_address == RoceDevice::kAnyAddress || port->address == id.roce_address) &&
-          !device.service_taken(port->address, id.roce_listen_port))
-        port->agent.stop_listening(id.roce_listen_port);
+          !device.service_taken(port->address, id.roce_listen_port)) {
+        if (id.datagram) {
+          port->agent.stop_listening_datagram(id.roce_listen_port);
+        } else {
+          port->agent.stop_listening(id.roce_listen_port);
+        }
+      }
   }
   if (RocePort* port = port_of(id)) {
     // rdma_destroy_id: a request is rejected, an attempt abandoned (REJ), a connection
@@ -420,6 +482,50 @@ void release(CmIdImpl& id) {
   device.pump();
 }
 
+namespace {
+
+// The end of a SIDR exchange this id started: ESTABLISHED with the peer's UD QP, REJECTED when
+// the service turned it down, UNREACHABLE when nobody serves the port (any other SIDR status)
+// or no answer came.
+void on_datagram_event(CmIdImpl& id, const IbCmAgentEvent& event) {
+  using Kind = IbCmAgentEvent::Kind;
+  end_agent_id(id);
+  switch (event.kind) {
+    case Kind::established: {
+      id.state = CmIdImpl::State::established;
+      id.peer = socket_address(from_bytes(event.peer_address), event.port);
+      log::info("ibcm", "id {} to {}: SIDR answered, remote QPN {} Q_Key {:#x}", id.number, log::address(id.peer),
+                event.peer.qpn, event.qkey);
+      ConnParam param;
+      param.private_data = event.private_data;
+      param.qp_num = event.peer.qpn;
+      param.qkey = event.qkey;
+      id.emit(CmEventType::established, 0, std::move(param));
+      return;
+    }
+    case Kind::rejected: {
+      id.state = CmIdImpl::State::route_resolved;
+      ConnParam param;
+      param.private_data = event.private_data;
+      if (event.reason == static_cast<std::uint16_t>(wire::ibcm::SidrStatus::rejected)) {
+        id.ctx->stats.rejects_received[static_cast<int>(RejectReason::application)]++;
+        id.emit(CmEventType::rejected, ECONNREFUSED, std::move(param), RejectReason::application);
+      } else {
+        id.emit(CmEventType::unreachable, ECONNREFUSED, std::move(param));
+      }
+      return;
+    }
+    case Kind::unreachable:
+      id.state = CmIdImpl::State::route_resolved;
+      id.emit(CmEventType::unreachable, ETIMEDOUT);
+      return;
+    default:
+      return;
+  }
+}
+
+}  // namespace
+
 void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
   using Kind = IbCmAgentEvent::Kind;
   if (event.kind == Kind::connect_request) {
@@ -429,6 +535,10 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
   auto id = device.find_id(port.address, event.id);
   if (!id) return;  // its CmId is gone; the agent finishes the protocol alone
   id->release_pending();  // a request the peer gave up or that ended is decided
+  if (event.datagram) {
+    on_datagram_event(*id, event);
+    return;
+  }
   switch (event.kind) {
     case Kind::connect_request: break;
     case Kind::established: {

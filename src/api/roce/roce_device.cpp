@@ -131,8 +131,14 @@ Result<RocePort*, std::errc> RoceDevice::port(Ipv4 address) {
   }
   ctx.reactor.poll_directly(fd, true);
   // Listeners on every address take this one's REQs too.
-  for (const auto& [key, listener] : listeners_)
-    if (key.first == kAnyAddress && !listener.expired()) raw->agent.listen(key.second);
+  for (const auto& [key, listener] : listeners_) {
+    if (key.first != kAnyAddress) continue;
+    if (auto owner = listener.lock(); owner && owner->datagram) {
+      raw->agent.listen_datagram(key.second);
+    } else if (owner) {
+      raw->agent.listen(key.second);
+    }
+  }
   ports_.emplace(address, std::move(owned));
   return raw;
 }
@@ -228,6 +234,14 @@ Result<Ipv4, std::errc> RoceDevice::gid_address(int index) {
 }
 
 int RoceDevice::gid_index_of(Ipv4 address) {
+  // GID 0 is the context's first loopback address (gid_address): one the CM already opened
+  // counts before anything asked for GID 0.
+  if (verbs_address_ == 0)
+    for (auto& [opened, port] : ports_)
+      if (is_loopback(opened)) {
+        verbs_address_ = opened;
+        break;
+      }
   if (verbs_address_ == address) return 0;
   for (int index = 1; index < 64; ++index) {
     auto at = gid_address(index);

@@ -128,6 +128,12 @@ Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Ti
 }
 
 Status<std::errc> IbCmAgent::accept(IbCmId id, const IbCmAcceptParams& params, Time now) {
+  if (sidr_in_.contains(id)) {
+    if (params.private_data.size() > kMaxSidrReplyPrivateData || params.qpn > 0xFFFFFF)
+      return fail(std::errc::invalid_argument);
+    answer_sidr(id, w::SidrStatus::valid, params.qpn, params.qkey, params.private_data, now);
+    return {};
+  }
   Id* record = find_id(id);
   if (record == nullptr || record->active || record->phase != Id::Phase::requested || record->conn == 0) {
     return fail(std::errc::invalid_argument);
@@ -152,6 +158,11 @@ Status<std::errc> IbCmAgent::accept(IbCmId id, const IbCmAcceptParams& params, T
 }
 
 Status<std::errc> IbCmAgent::reject(IbCmId id, std::span<const std::uint8_t> private_data, Time now) {
+  if (sidr_in_.contains(id)) {
+    // The SIDR_REP's private data area is 136 bytes: more is cut, as rdma_reject's 255 allow.
+    answer_sidr(id, w::SidrStatus::rejected, 0, 0, private_data.first(std::min(private_data.size(), kMaxSidrReplyPrivateData)), now);
+    return {};
+  }
   Id* record = find_id(id);
   if (record == nullptr || record->active || record->phase != Id::Phase::requested || record->conn == 0) {
     return fail(std::errc::invalid_argument);
@@ -190,6 +201,16 @@ Status<std::errc> IbCmAgent::disconnect(IbCmId id, Time now) {
 }
 
 void IbCmAgent::destroy(IbCmId id, Time now) {
+  if (sidr_in_.contains(id)) {
+    // ib_destroy_cm_id on an unanswered SIDR request rejects it.
+    answer_sidr(id, w::SidrStatus::rejected, 0, 0, {}, now);
+    return;
+  }
+  if (auto out = sidr_out_ids_.find(id); out != sidr_out_ids_.end()) {
+    sidr_out_.erase(out->second);
+    sidr_out_ids_.erase(out);
+    return;
+  }
   Id* record = find_id(id);
   if (record == nullptr) return;
   const std::uint32_t comm = record->conn;
@@ -216,6 +237,10 @@ void IbCmAgent::destroy(IbCmId id, Time now) {
 
 void IbCmAgent::handle_mad(const Gid& from, std::span<const std::uint8_t> mad, Time now) {
   ++stats_.mads_received;
+  if (w::is_sidr_mad(mad)) {
+    handle_sidr_mad(from, mad, now);
+    return;
+  }
   auto decoded = w::decode_cm_mad(mad);
   if (!decoded) {
     ++stats_.malformed;  // §1.3: dropped and counted
@@ -414,6 +439,7 @@ void IbCmAgent::handle_timeout(Time now) {
     sync(comm, now);
   }
   resolver_.handle_timeout(now);
+  sidr_timeout(now);
   std::erase_if(tombstones_, [now](const auto& entry) { return entry.second <= now; });
   drain_resolver(now);
 }
@@ -446,6 +472,7 @@ std::optional<Time> IbCmAgent::next_deadline() const {
   };
   if (!timers_.empty()) earlier(timers_.begin()->first);
   for (const auto& [remote, until] : tombstones_) earlier(until);
+  sidr_deadline(next);
   return next;
 }
 
@@ -476,7 +503,7 @@ IbCmAgent::Conn* IbCmAgent::find_conn(std::uint32_t local_comm_id, std::uint32_t
 std::uint32_t IbCmAgent::new_conn() {
   // §4.6: a comm ID is not reused while messages of its connection may be in flight; counting
   // up through 2^32 IDs is that, and 0 stays "unknown".
-  while (next_comm_id_ == 0 || conns_.contains(next_comm_id_)) ++next_comm_id_;
+  while (next_comm_id_ == 0 || conns_.contains(next_comm_id_) || sidr_out_.contains(next_comm_id_)) ++next_comm_id_;
   const std::uint32_t comm = next_comm_id_++;
   conns_.emplace(comm, Conn{.cm = IbCmConnection(comm, config_.identity.guid, config_.timing, config_.tid_high)});
   return comm;

@@ -10,6 +10,9 @@
 // copies silently; the passive peer's REQ_SENT connection takes the peer's REQ (its REQ stops,
 // its comm ID stays) and answers it with a REP on behalf of the application's attempt.
 //
+// SIDR (ibcm_agent_sidr.cpp): rdma_cm's UDP port space has no connections; one SIDR_REQ /
+// SIDR_REP exchange per id, matched by request ID, resent on a timer, bounded in both directions.
+//
 // The application names connections by IbCmId (rdma_cm's cm_id): an attempt keeps its id when
 // it is bound to the peer's REQ. Ids end after `rejected`, `unreachable`, `connect_error`, or
 // `timewait_exit`; a connection whose id ended finishes its own protocol (TIMEWAIT) alone.
@@ -31,6 +34,7 @@
 #include "core/ibcm/ibcm_types.hpp"
 #include "core/p2p_resolver.hpp"
 #include "core/time.hpp"
+#include "wire/ibcm/cm_sidr.hpp"
 #include "peercm/result.hpp"
 
 namespace peercm::core::ibcm {
@@ -73,13 +77,36 @@ struct IbCmConnectParams {
   std::optional<Duration> connect_timeout;
 };
 
+// SIDR (IBTA ch. 12.11), rdma_cm's UDP port space: one SIDR_REQ/SIDR_REP exchange tells a UD
+// client the service's QPN and Q_Key; no connection, no comm IDs, no TIMEWAIT.
+// The application bytes a SIDR_REQ carries after rdma_cm's header: 216 - 36.
+inline constexpr std::size_t kMaxSidrRequestPrivateData = 180;
+inline constexpr std::size_t kMaxSidrReplyPrivateData = 136;
+// rdma_cm's Q_Key for RDMA_PS_UDP (the kernel's RDMA_UDP_QKEY).
+inline constexpr std::uint32_t kRdmaUdpQkey = 0x01234567;
+// SIDR exchanges held at once in each direction: our unanswered requests, and received requests
+// the application has not answered. A REQ beyond the bound is dropped and counted.
+inline constexpr std::size_t kMaxSidrPending = 64;
+
+struct IbCmSidrParams {
+  Ipv4Address destination{};
+  std::uint16_t port = 0;         // the service: rdma_cm's UDP port space (§6)
+  std::uint16_t source_port = 0;  // the rdma_cm header's source port
+  std::vector<std::uint8_t> private_data;  // ≤ 180
+  // The SIDR_REQ is resent every `retry_interval` up to `max_retries` times, then the id is
+  // unreachable. Unset: the agent's cm_response_timeout and max_cm_retries.
+  std::optional<Duration> retry_interval;
+  std::optional<std::uint8_t> max_retries;
+};
+
 struct IbCmAcceptParams {
   std::uint32_t qpn = 0;
+  std::uint32_t qkey = kRdmaUdpQkey;  // a SIDR request's answer only
   std::uint32_t starting_psn = 0;
   std::uint8_t responder_resources = 0;
   std::uint8_t initiator_depth = 0;
   std::uint8_t rnr_retry_count = 7;
-  std::vector<std::uint8_t> private_data;  // ≤ 196, or ≤ 176 for a p2p request
+  std::vector<std::uint8_t> private_data;  // ≤ 196, or ≤ 176 for a p2p request; SIDR: ≤ 136
 };
 
 struct IbCmAgentEvent {
@@ -108,6 +135,10 @@ struct IbCmAgentEvent {
   bool peer_to_peer = false;
   IbCmPeer peer;
   std::uint32_t local_comm_id = 0;
+  // SIDR: connect_request for a SIDR_REQ, established for a valid SIDR_REP (peer.qpn, qkey),
+  // rejected for any other status (`reason` = the SIDR status), unreachable when no REP came.
+  bool datagram = false;
+  std::uint32_t qkey = 0;
 };
 
 struct IbCmAgentStats {
@@ -120,6 +151,11 @@ struct IbCmAgentStats {
   std::uint64_t p2p_dropped = 0;         // losing REQs (and copies) dropped silently (rule 3)
   std::uint64_t p2p_duplicates = 0;      // REQs rejected as late duplicates (rule 6)
   std::uint64_t p2p_bound = 0;           // attempts bound to the peer's REQ (rule 3 passive)
+  std::uint64_t sidr_malformed = 0;      // SIDR MADs dropped: did not decode
+  std::uint64_t sidr_unmatched = 0;      // SIDR_REPs for no request of ours (or from elsewhere)
+  std::uint64_t sidr_duplicates = 0;     // SIDR_REQ copies (dropped, or answered again)
+  std::uint64_t sidr_flood_dropped = 0;  // SIDR_REQs beyond kMaxSidrPending
+  std::uint64_t sidr_no_service = 0;     // answered with status service_unsupported
 };
 
 class IbCmAgent {
@@ -133,9 +169,17 @@ class IbCmAgent {
   // p2p: EISCONN / EALREADY per design.md §3 rule 5; EINVAL for too much private data, a field
   // the REQ cannot carry, or a QPN another pending attempt uses.
   Result<IbCmId, std::errc> connect(const IbCmConnectParams& params, Time now);
+  // SIDR: a UD service id for `params.port`: its SIDR_REQs reach this node's UDP listeners.
+  void listen_datagram(std::uint16_t port);
+  void stop_listening_datagram(std::uint16_t port);
+  // SIDR_REQ to `params.destination`; `established`, `rejected` or `unreachable` follows and the
+  // id ends. EINVAL for too much private data; ENOBUFS with kMaxSidrPending requests out.
+  Result<IbCmId, std::errc> sidr_request(const IbCmSidrParams& params, Time now);
   // A connect_request's id: the REP (§4.9 REQ_RCVD → REP_SENT). EINVAL for any other id.
+  // For a SIDR request: a SIDR_REP (status valid, `qpn`, `qkey`); the id ends.
   Status<std::errc> accept(IbCmId id, const IbCmAcceptParams& params, Time now);
   // A connect_request's id: REJ reason 28 with `private_data` (§6 rdma_reject); the id ends.
+  // For a SIDR request: a SIDR_REP with status rejected.
   Status<std::errc> reject(IbCmId id, std::span<const std::uint8_t> private_data, Time now);
   // An established id: DREQ; `disconnected` and `timewait_exit` follow.
   Status<std::errc> disconnect(IbCmId id, Time now);
@@ -160,6 +204,8 @@ class IbCmAgent {
   std::size_t id_count() const { return ids_.size(); }
   // REQs waiting on the resolver (held) plus remembered dropped REQs.
   std::size_t pending_request_count() const { return pending_.size() + tombstones_.size(); }
+  // SIDR exchanges under way: our unanswered requests plus received ones not yet answered.
+  std::size_t sidr_count() const { return sidr_out_.size() + sidr_in_.size(); }
   std::optional<IbCmState> state_of(IbCmId id) const;
   const IbCmConnection* connection_of(IbCmId id) const;
   const P2pResolver& resolver() const { return resolver_; }
@@ -219,6 +265,36 @@ class IbCmAgent {
   bool stale(std::uint64_t guid, std::uint32_t qpn, std::uint32_t except_comm, Time now);
   void remember_dropped(const RemoteKey& remote, Time now);
 
+  // ibcm_agent_sidr.cpp: SIDR
+  struct SidrOutstanding {  // our SIDR_REQ, waiting for its REP
+    IbCmId id = 0;
+    OutboundMad mad;
+    Time deadline{};
+    Duration interval{};
+    std::uint8_t retries_left = 0;
+    Ipv4Address destination{};
+    std::uint16_t port = 0;
+  };
+  struct SidrReceived {  // a delivered SIDR_REQ the application has not answered
+    Gid from{};
+    std::uint64_t tid = 0;
+    std::uint32_t request_id = 0;
+    std::uint64_t service_id = 0;
+  };
+  using SidrRemote = std::pair<Gid, std::uint32_t>;  // (sender, its request ID)
+  struct SidrAnswered {  // the REP sent, resent for copies of its REQ until `until`
+    OutboundMad mad;
+    Time until{};
+  };
+  void handle_sidr_mad(const Gid& from, std::span<const std::uint8_t> mad, Time now);
+  void on_sidr_req(const wire::ibcm::CmSidrReq& req, std::uint64_t tid, const Gid& from, Time now);
+  void on_sidr_rep(const wire::ibcm::CmSidrRep& rep, const Gid& from);
+  bool answer_sidr(IbCmId id, wire::ibcm::SidrStatus status, std::uint32_t qpn, std::uint32_t qkey,
+                   std::span<const std::uint8_t> private_data, Time now);
+  void send_sidr_rep(const Gid& to, std::uint64_t tid, const wire::ibcm::CmSidrRep& rep, Time now);
+  void sidr_timeout(Time now);
+  void sidr_deadline(std::optional<Time>& next) const;
+
   // ibcm_agent_p2p.cpp: the resolver binding
   void on_p2p_req(const wire::ibcm::CmReq& req, std::span<const std::uint8_t> mad, const P2pKey& key,
                   std::uint64_t incarnation, Time now);
@@ -254,6 +330,12 @@ class IbCmAgent {
   std::vector<IbCmAgentEvent> events_;
   std::size_t next_event_ = 0;
   IbCmAgentStats stats_;
+  std::set<std::uint16_t> datagram_listeners_;
+  std::map<std::uint32_t, SidrOutstanding> sidr_out_;  // by request ID
+  std::map<IbCmId, std::uint32_t> sidr_out_ids_;      // id → request ID
+  std::map<IbCmId, SidrReceived> sidr_in_;
+  std::map<SidrRemote, IbCmId> sidr_in_by_remote_;
+  std::map<SidrRemote, SidrAnswered> sidr_answered_;
 };
 
 }  // namespace peercm::core::ibcm
