@@ -83,7 +83,7 @@ CmIdImpl::~CmIdImpl() {
 
 void CmIdImpl::emit(CmEventType type, int status, ConnParam param, RejectReason reason) {
   if (!owner) return;
-  log::info("cm", "id {} ({}): {} status {}{}", number, to_string(transport), to_string(type), status,
+  PEERCM_LOG(info, "cm", "id {} ({}): {} status {}{}", number, to_string(transport), to_string(type), status,
             type == CmEventType::rejected ? fmt::format(" reason {}", to_string(reason)) : std::string());
   CmEvent event;
   event.type = type;
@@ -392,7 +392,7 @@ void CmIdImpl::deliver_request(const std::shared_ptr<Connection>& conn, std::spa
   event.param.responder_resources = static_cast<std::uint8_t>(std::min<int>(request.peer_ord, 255));
   event.param.initiator_depth = static_cast<std::uint8_t>(std::min<int>(request.peer_ird, 255));
   event.new_id = std::move(child);
-  log::info("cm", "id {} (iwarp, listener): CONNECT_REQUEST from {} as new id {} ({})", number,
+  PEERCM_LOG(info, "cm", "id {} (iwarp, listener): CONNECT_REQUEST from {} as new id {} ({})", number,
             log::address(child_impl->peer), child_impl->number, link_id != 0 ? "p2p, no colliding attempt" : "client/server");
   channel->push(std::move(event));
 }
@@ -605,7 +605,7 @@ Status<std::errc> CmId::connect(const ConnParam& param) {
   if (impl.state == detail::CmIdImpl::State::established) return fail(std::errc::already_connected);
   if (impl.state == detail::CmIdImpl::State::connecting) return fail(std::errc::connection_already_in_progress);
   if (impl.state != detail::CmIdImpl::State::route_resolved) return fail(std::errc::invalid_argument);
-  log::info("cm", "id {} ({}): connect to {}, {}", impl.number, to_string(impl.transport),
+  PEERCM_LOG(info, "cm", "id {} ({}): connect to {}, {}", impl.number, to_string(impl.transport),
             log::address(impl.destination),
             impl.peer_to_peer ? fmt::format("p2p, tag {}", impl.tag) : std::string("client/server"));
   if (impl.transport == Transport::roce) return detail::roce::connect(impl, param, retracted);

@@ -348,7 +348,7 @@ void Connection::drain_mpa_events() {
     switch (event->kind) {
       case core::MpaEvent::Kind::established:
         result_ = event->result;
-        log::info("mpa", "{} {}: established, revision {}, CRC {}, IRD {} ORD {}, RTR {}",
+        PEERCM_LOG(info, "mpa", "{} {}: established, revision {}, CRC {}, IRD {} ORD {}, RTR {}",
                   initiator_ ? "initiator to" : "responder for", log::address(peer_), result_->revision,
                   result_->crc ? "on" : "off", result_->ird, result_->ord, rtr_name(result_->rtr));
         if (mpa_timer_) {
@@ -363,9 +363,9 @@ void Connection::drain_mpa_events() {
       case core::MpaEvent::Kind::rejected:
       case core::MpaEvent::Kind::failed:
         if (event->kind == core::MpaEvent::Kind::rejected) {
-          log::info("mpa", "initiator to {}: the peer rejected the Request", log::address(peer_));
+          PEERCM_LOG(info, "mpa", "initiator to {}: the peer rejected the Request", log::address(peer_));
         } else {
-          log::warn("mpa", "{} {}: setup failed: {}", initiator_ ? "initiator to" : "responder for",
+          PEERCM_LOG(warn, "mpa", "{} {}: setup failed: {}", initiator_ ? "initiator to" : "responder for",
                     log::address(peer_), failure_name(event->failure));
         }
         if (mpa_timer_) {
@@ -446,10 +446,10 @@ void Connection::start_engine() {
   if (params.responder) {
     // The first thing to look at when a server's first message never arrives.
     if (r.rtr == core::RtrType::none) {
-      log::info("qp", "QP {} (responder for {}): sends wait for the initiator's first FPDU (RFC 5044 §7.1.2 "
+      PEERCM_LOG(info, "qp", "QP {} (responder for {}): sends wait for the initiator's first FPDU (RFC 5044 §7.1.2 "
                 "rule 4: its Request offered no RTR)", qp_->qp_num, log::address(peer_));
     } else {
-      log::debug("qp", "QP {} (responder for {}): sends wait for the initiator's {} RTR", qp_->qp_num,
+      PEERCM_LOG(debug, "qp", "QP {} (responder for {}): sends wait for the initiator's {} RTR", qp_->qp_num,
                  log::address(peer_), rtr_name(r.rtr));
     }
   }
@@ -529,23 +529,27 @@ bool Connection::send_direct(const SendWr& wr) {
 
 void Connection::drain_qp_events() {
   if (!qp_) return;
-  if (qp_->engine.has_events()) {
-    auto event = qp_->engine.poll_event();
-    auto self = shared_from_this();  // a callback may drop the owner's reference
-    do {
-      const bool terminate = event->kind == core::QpEvent::Kind::terminate_sent ||
-                             event->kind == core::QpEvent::Kind::terminate_received;
-      log::write(terminate ? log::Level::warn : log::Level::info, "qp",
-                 "QP {} ({}): {}{}; outstanding work requests flush", qp_->qp_num, log::address(peer_),
-                 qp_event_name(event->kind),
-                 terminate ? fmt::format(" (layer {} type {} code 0x{:02x})", static_cast<int>(event->code.layer),
-                                         static_cast<int>(event->code.error_type), event->code.error_code)
-                           : std::string());
-      if (auto callback = callbacks_.qp_event) callback(*event);
-    } while (qp_ && (event = qp_->engine.poll_event()));
-  }
+  // Called after every receive and transmit; events are rare, so they are taken out of line
+  // and this stays a few loads.
+  if (qp_->engine.has_events()) deliver_qp_events();
   // Nothing more will be sent (Terminate out, or flushed after a disconnect): close.
   if (qp_ && qp_->engine.transmit_closed() && !qp_->engine.has_transmit()) close_socket();
+}
+
+void Connection::deliver_qp_events() {
+  auto event = qp_->engine.poll_event();
+  auto self = shared_from_this();  // a callback may drop the owner's reference
+  do {
+    const bool terminate = event->kind == core::QpEvent::Kind::terminate_sent ||
+                           event->kind == core::QpEvent::Kind::terminate_received;
+    PEERCM_LOG_AT(terminate ? log::Level::warn : log::Level::info, "qp",
+                  "QP {} ({}): {}{}; outstanding work requests flush", qp_->qp_num, log::address(peer_),
+                  qp_event_name(event->kind),
+                  terminate ? fmt::format(" (layer {} type {} code 0x{:02x})", static_cast<int>(event->code.layer),
+                                          static_cast<int>(event->code.error_type), event->code.error_code)
+                            : std::string());
+    if (auto callback = callbacks_.qp_event) callback(*event);
+  } while (qp_ && (event = qp_->engine.poll_event()));
 }
 
 void Connection::accept(std::shared_ptr<QueuePairImpl> qp, std::uint16_t ird, std::uint16_t ord,

@@ -96,6 +96,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void transmit_mpa();
   void drain_mpa_events();
   void drain_qp_events();
+  [[gnu::noinline]] void deliver_qp_events();
   void start_engine();
   void arm_mpa_timer(std::chrono::steady_clock::time_point deadline);
   void update_interest();

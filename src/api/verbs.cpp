@@ -172,7 +172,7 @@ Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine.post_send(wr);
   if (posted && impl_->kick_transmit) impl_->kick_transmit();
   if (posted && log::enabled(log::Level::debug) && !impl_->roce && impl_->engine.transmit_fenced())
-    log::debug("qp", "QP {}: send WR {} held until the initiator's first FPDU arrives", impl_->qp_num, wr.wr_id);
+    PEERCM_LOG(debug, "qp", "QP {}: send WR {} held until the initiator's first FPDU arrives", impl_->qp_num, wr.wr_id);
   return posted;
 }
 

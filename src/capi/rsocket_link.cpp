@@ -309,7 +309,7 @@ bool Link::parse() {
     if (in_header_) {
       if (available < kFrameHeaderSize) break;
       if (!decode_header(in_.data() + in_begin_, frame_)) {
-        log::warn("rsocket", "fd {}: the peer broke the framing; the connection ends", app_fd_);
+        PEERCM_LOG(warn, "rsocket", "fd {}: the peer broke the framing; the connection ends", app_fd_);
         ::shutdown(tcp_fd_, SHUT_RDWR);
         return false;
       }
@@ -320,7 +320,7 @@ bool Link::parse() {
         if (frame_.type == FrameType::iounmap) {
           std::erase_if(peer_, [&](const Region& r) { return r.offset == frame_.offset; });
         } else if (peer_.size() >= kMaxPeerMappings || frame_.length == 0) {
-          log::warn("rsocket", "fd {}: the peer announced mapping {} of length {}; the connection ends", app_fd_,
+          PEERCM_LOG(warn, "rsocket", "fd {}: the peer announced mapping {} of length {}; the connection ends", app_fd_,
                     peer_.size() + 1, frame_.length);
           ::shutdown(tcp_fd_, SHUT_RDWR);
           return false;
@@ -371,7 +371,7 @@ void Link::place(std::uint64_t offset, const std::uint8_t* bytes, std::size_t n,
   if (it == local_.end()) {
     // Written after we unmapped the region (the peer had not heard yet) or outside it: the
     // bytes go nowhere, as they would into a deregistered region.
-    log::debug("rsocket", "fd {}: {} bytes at mapping offset {} outside every mapped region; dropped", app_fd_, n,
+    PEERCM_LOG(debug, "rsocket", "fd {}: {} bytes at mapping offset {} outside every mapped region; dropped", app_fd_, n,
                offset);
     return;
   }

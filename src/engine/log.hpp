@@ -3,8 +3,8 @@
 // FI_LOG_LEVEL (docs/tools.md "Logging"):
 //   PEERCM_LOG_LEVEL = off | error | warn | info | debug   (default off)
 //   PEERCM_LOG_FILE  = path, "%p" replaced by the pid      (default stderr)
-// Off, a log site costs one relaxed atomic load and a compare; no site is on the per-message
-// data path (only connection setup, teardown, errors and the first held send of a QP).
+// Off, a log site (PEERCM_LOG) costs one relaxed atomic load and a compare, its arguments
+// unevaluated; no site is on the per-message data path but the fenced-send check of post_send.
 #pragma once
 
 #include <fmt/format.h>
@@ -38,28 +38,22 @@ std::string address(const sockaddr_in& address);
 // For tests and tools: the threshold the environment chose can be overridden.
 void set_threshold(Level level);
 
+namespace detail {
+// Out of line and cold: a log site in a hot function costs its caller one load and a
+// compare, not the formatting code around it.
 template <typename... Args>
-void write(Level level, std::string_view component, fmt::format_string<Args...> format, Args&&... args) {
-  if (!enabled(level)) [[likely]]
-    return;
-  detail::write_line(level, component, fmt::format(format, std::forward<Args>(args)...));
+[[gnu::cold, gnu::noinline]] void write_formatted(Level level, std::string_view component,
+                                                   fmt::format_string<Args...> format, Args&&... args) {
+  write_line(level, component, fmt::format(format, std::forward<Args>(args)...));
 }
-
-template <typename... Args>
-void error(std::string_view component, fmt::format_string<Args...> format, Args&&... args) {
-  write(Level::error, component, format, std::forward<Args>(args)...);
-}
-template <typename... Args>
-void warn(std::string_view component, fmt::format_string<Args...> format, Args&&... args) {
-  write(Level::warn, component, format, std::forward<Args>(args)...);
-}
-template <typename... Args>
-void info(std::string_view component, fmt::format_string<Args...> format, Args&&... args) {
-  write(Level::info, component, format, std::forward<Args>(args)...);
-}
-template <typename... Args>
-void debug(std::string_view component, fmt::format_string<Args...> format, Args&&... args) {
-  write(Level::debug, component, format, std::forward<Args>(args)...);
-}
+}  // namespace detail
 
 }  // namespace peercm::log
+
+// PEERCM_LOG(info, "cm", "id {} ...", n): the arguments are evaluated only when the level is on.
+#define PEERCM_LOG(level, component, ...) PEERCM_LOG_AT(::peercm::log::Level::level, component, __VA_ARGS__)
+#define PEERCM_LOG_AT(level, component, ...)                                                  \
+  do {                                                                                        \
+    if (::peercm::log::enabled(level)) [[unlikely]]                                          \
+      ::peercm::log::detail::write_formatted(level, component, __VA_ARGS__);                  \
+  } while (false)

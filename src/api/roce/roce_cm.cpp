@@ -124,7 +124,7 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   out.listen_id = listener->owner;
   out.param = event_param(event);
   out.new_id = std::move(child);
-  log::info("cm", "id {} (roce, listener): CONNECT_REQUEST from {} as new id {} ({})", listener->number,
+  PEERCM_LOG(info, "cm", "id {} (roce, listener): CONNECT_REQUEST from {} as new id {} ({})", listener->number,
             log::address(child_impl->peer), child_impl->number,
             event.datagram ? "SIDR" : event.peer_to_peer ? "p2p" : "client/server");
   child_impl->channel->push(std::move(out));
@@ -494,7 +494,7 @@ void on_datagram_event(CmIdImpl& id, const IbCmAgentEvent& event) {
     case Kind::established: {
       id.state = CmIdImpl::State::established;
       id.peer = socket_address(from_bytes(event.peer_address), event.port);
-      log::info("ibcm", "id {} to {}: SIDR answered, remote QPN {} Q_Key {:#x}", id.number, log::address(id.peer),
+      PEERCM_LOG(info, "ibcm", "id {} to {}: SIDR answered, remote QPN {} Q_Key {:#x}", id.number, log::address(id.peer),
                 event.peer.qpn, event.qkey);
       ConnParam param;
       param.private_data = event.private_data;
@@ -551,7 +551,7 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
       }
       id->state = CmIdImpl::State::established;
       id->peer = socket_address(from_bytes(event.peer_address), event.port);
-      log::info("ibcm", "id {} to {}: established, remote QPN {} starting PSN {}, resources {}/{}, RNR retry {}",
+      PEERCM_LOG(info, "ibcm", "id {} to {}: established, remote QPN {} starting PSN {}, resources {}/{}, RNR retry {}",
                 id->number, log::address(id->peer), event.peer.qpn, event.peer.starting_psn,
                 event.peer.responder_resources, event.peer.initiator_depth, event.peer.rnr_retry_count);
       ConnParam param = event_param(event);
@@ -594,7 +594,7 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
 }
 
 void on_qp_error(RoceDevice& device, QueuePairImpl& qp, const core::roce::RcEvent& event) {
-  log::write(event.cause == core::roce::RcErrorCause::modified_to_error ? log::Level::info : log::Level::warn, "qp",
+  PEERCM_LOG_AT(event.cause == core::roce::RcErrorCause::modified_to_error ? log::Level::info : log::Level::warn, "qp",
              "QP {} (RoCE RC): ERROR, {}{}; outstanding work requests flush", qp.qp_num,
              core::roce::to_string(event.cause), event.has_wr ? fmt::format(" (WR {})", event.wr_id) : std::string());
   if (event.cause == core::roce::RcErrorCause::modified_to_error) return;  // the CM did it
