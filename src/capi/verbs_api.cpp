@@ -604,7 +604,13 @@ int ibv_destroy_qp(ibv_qp* qp) {
 int ibv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   if (!qp) return EINVAL;
   if (qp->qp_type == IBV_QPT_UD) return post_ud_send(qp, wr, bad_wr);
-  QueuePair& cpp = *state_of<QpHandleState>(qp)->cpp;
+  QpHandleState& state = *state_of<QpHandleState>(qp);
+  if (state.rtr && state.rtr->remote != 0) {
+    // A RoCE RC QP in RTR receives; it sends from RTS on (its send PSN comes with RTS).
+    if (bad_wr) *bad_wr = wr;
+    return EINVAL;
+  }
+  QueuePair& cpp = *state.cpp;
   SendWr converted;
   for (ibv_send_wr* at = wr; at; at = at->next) {
     auto ok = convert_send(*at, converted);
