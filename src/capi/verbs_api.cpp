@@ -83,6 +83,8 @@ namespace {
 
 // The state the application sees: the connection's once it runs, else what modify_qp set.
 ibv_qp_state effective_state(const QpHandleState& qp) {
+  // RoCE: the responder runs from RTR; its RTS is still to come.
+  if (qp.rtr && qp.rtr->remote != 0 && qp.cpp->state() != peercm::QpState::error) return IBV_QPS_RTR;
   switch (qp.cpp->state()) {
     case peercm::QpState::rts: return IBV_QPS_RTS;
     case peercm::QpState::error: return IBV_QPS_ERR;

@@ -287,6 +287,10 @@ static int rtr_only_child(int to_parent, int from_parent)
 	CHECK_EQ(go, 'q');
 	CHECK(check_pattern(s.buf + 2 * SEND_SIZE, WRITE_SIZE, 7));
 	CHECK_EQ(s.qp->state, IBV_QPS_RTR);
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	CHECK_EQ(ibv_query_qp(s.qp, &attr, IBV_QP_STATE, &init), 0);
+	CHECK_EQ(attr.qp_state, IBV_QPS_RTR);
 	close_side(&s);
 	return 0;
 }
