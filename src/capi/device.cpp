@@ -54,6 +54,9 @@ void free_pd(ibv_pd* pd) {
 struct CmDevices {
   std::mutex mutex;
   std::array<ibv_context*, 2> contexts{};  // by Transport; guarded by `mutex`
+  // RoCE contexts the application opened (ibv_open_device) and has not closed, oldest first;
+  // guarded by `mutex`. The first RoCE id adopts the oldest (cm_context()).
+  std::vector<ibv_context*> opened_roce;
   // fork(): the contexts' progress threads pause across it, so that no lock they might hold
   // (an allocator's, ASan's among them) is copied into the child held by a thread the child
   // does not have. The child leaves the contexts to its parent.
@@ -73,6 +76,8 @@ struct CmDevices {
           CmDevices& cm = g_cm();
           for (ibv_context*& context : cm.contexts)
             if (context) left_by_fork().push_back(std::exchange(context, nullptr));
+          // Nor does it adopt one it inherited for rdma_cm: its thread is the parent's.
+          cm.opened_roce.clear();
           cm.mutex.unlock();
         });
   }
@@ -182,7 +187,17 @@ Context& cpp_context(ibv_context* context) { return *state_of<ContextState>(cont
 ibv_context* cm_context(Transport transport) {
   std::lock_guard lock(g_cm_devices.mutex);
   ibv_context*& context = g_cm_devices.contexts[index_of(transport)];
-  if (!context) context = open_context(transport);
+  if (context) return context;
+  if (transport == Transport::roce && !g_cm_devices.opened_roce.empty()) {
+    // A RoCE context's addresses (its GIDs, its UDP 4791 sockets) are its own, where a RoCE
+    // NIC has one GID table for all its contexts. rdma_cm therefore runs on the RoCE context
+    // the application opened: the GID it reads there is the address its ids bind and
+    // resolve from (perftest -R binds its ids to the GID of its own context).
+    context = g_cm_devices.opened_roce.front();
+    retain(context);
+    return context;
+  }
+  context = open_context(transport);
   return context;
 }
 
@@ -254,14 +269,26 @@ __be64 ibv_get_device_guid(ibv_device* device) {
 
 ibv_context* ibv_open_device(ibv_device* device) {
   for (ibv_device& known : g_devices)
-    if (device == &known)
-      return open_context(&known == &g_devices[index_of(Transport::roce)] ? Transport::roce : Transport::iwarp);
+    if (device == &known) {
+      const Transport transport =
+          &known == &g_devices[index_of(Transport::roce)] ? Transport::roce : Transport::iwarp;
+      ibv_context* context = open_context(transport);
+      if (context && transport == Transport::roce) {
+        std::lock_guard lock(g_cm_devices.mutex);
+        g_cm_devices.opened_roce.push_back(context);
+      }
+      return context;
+    }
   errno = ENODEV;
   return nullptr;
 }
 
 int ibv_close_device(ibv_context* context) {
   if (!context) return EINVAL;
+  {
+    std::lock_guard lock(g_cm_devices.mutex);
+    std::erase(g_cm_devices.opened_roce, context);
+  }
   release(context);
   return 0;
 }

@@ -155,7 +155,8 @@ using SrqShell = Shell<ibv_srq, SrqState>;
 
 struct IdState;
 
-// modify_qp to RTR without the CM over RoCE: what RTS connects the RC QP with (verbs_roce.cpp).
+// modify_qp to RTR without the CM over RoCE: the path RTR connected the RC QP's responder
+// with, kept until RTS starts its requester (verbs_roce.cpp).
 struct PendingRtr {
   std::uint32_t local = 0;   // host order, the source GID's address
   std::uint32_t remote = 0;  // host order, the destination GID's address

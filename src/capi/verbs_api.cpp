@@ -83,6 +83,8 @@ namespace {
 
 // The state the application sees: the connection's once it runs, else what modify_qp set.
 ibv_qp_state effective_state(const QpHandleState& qp) {
+  // RoCE: the responder runs from RTR; its RTS is still to come.
+  if (qp.rtr && qp.rtr->remote != 0 && qp.cpp->state() != peercm::QpState::error) return IBV_QPS_RTR;
   switch (qp.cpp->state()) {
     case peercm::QpState::rts: return IBV_QPS_RTS;
     case peercm::QpState::error: return IBV_QPS_ERR;
@@ -604,7 +606,13 @@ int ibv_destroy_qp(ibv_qp* qp) {
 int ibv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   if (!qp) return EINVAL;
   if (qp->qp_type == IBV_QPT_UD) return post_ud_send(qp, wr, bad_wr);
-  QueuePair& cpp = *state_of<QpHandleState>(qp)->cpp;
+  QpHandleState& state = *state_of<QpHandleState>(qp);
+  if (state.rtr && state.rtr->remote != 0) {
+    // A RoCE RC QP in RTR receives; it sends from RTS on (its send PSN comes with RTS).
+    if (bad_wr) *bad_wr = wr;
+    return EINVAL;
+  }
+  QueuePair& cpp = *state.cpp;
   SendWr converted;
   for (ibv_send_wr* at = wr; at; at = at->next) {
     auto ok = convert_send(*at, converted);

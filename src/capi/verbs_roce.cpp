@@ -143,6 +143,22 @@ int roce_query_gid(ibv_context* context, int index, ibv_gid* gid) {
   return 0;
 }
 
+namespace {
+
+roce::RcPath rc_path_of(const PendingRtr& rtr) {
+  roce::RcPath path;
+  path.local = rtr.local;
+  path.remote = rtr.remote;
+  path.remote_qpn = rtr.remote_qpn;
+  path.rq_psn = rtr.rq_psn;
+  path.path_mtu = rtr.path_mtu;
+  path.max_dest_rd_atomic = rtr.max_dest_rd_atomic;
+  path.min_rnr_timer = rtr.min_rnr_timer;
+  return path;
+}
+
+}  // namespace
+
 std::optional<int> modify_qp_without_cm(ibv_qp* qp, const ibv_qp_attr& attr, int attr_mask) {
   if (qp->qp_type == IBV_QPT_UD) return modify_ud_qp(qp, attr, attr_mask);
   if (qp->qp_type == IBV_QPT_UC) return modify_uc_qp(qp, attr, attr_mask);
@@ -171,6 +187,11 @@ std::optional<int> modify_qp_without_cm(ibv_qp* qp, const ibv_qp_attr& attr, int
       if (rtr.path_mtu == 0 || rtr.remote_qpn > 0xFFFFFF || rtr.rq_psn > 0xFFFFFF) return EINVAL;
       if (attr_mask & IBV_QP_MAX_DEST_RD_ATOMIC) rtr.max_dest_rd_atomic = attr.max_dest_rd_atomic;
       if (attr_mask & IBV_QP_MIN_RNR_TIMER) rtr.min_rnr_timer = attr.min_rnr_timer;
+      // The responder runs from RTR on: a QP that only receives (perftest's bandwidth
+      // servers) stays in RTR and must acknowledge, answer Reads and take Writes there.
+      // The requester's values wait for RTS (start_rc_requester).
+      if (auto connected = roce::connect_rc(*state.cpp, rc_path_of(rtr)); !connected)
+        return errno_of(connected.error());
     }
     // Over iWARP RTR is accepted and recorded, as siw does; the RTS after it fails below.
     state.rtr = rtr;
@@ -182,21 +203,14 @@ std::optional<int> modify_qp_without_cm(ibv_qp* qp, const ibv_qp_attr& attr, int
     // iWARP: a QP runs only on the TCP stream the CM set up (MPA), which modify_qp cannot
     // make. siw answers an RTS without its socket with EINVAL; so does this.
     if (!roce_context || state.rtr->remote == 0) return EINVAL;
-    roce::RcPath path;
-    path.local = state.rtr->local;
-    path.remote = state.rtr->remote;
-    path.remote_qpn = state.rtr->remote_qpn;
-    path.rq_psn = state.rtr->rq_psn;
-    path.path_mtu = state.rtr->path_mtu;
-    path.max_dest_rd_atomic = state.rtr->max_dest_rd_atomic;
-    path.min_rnr_timer = state.rtr->min_rnr_timer;
+    roce::RcPath path = rc_path_of(*state.rtr);
     path.sq_psn = (attr_mask & IBV_QP_SQ_PSN) ? attr.sq_psn : 0;
     if (attr_mask & IBV_QP_TIMEOUT) path.timeout = attr.timeout;
     if (attr_mask & IBV_QP_RETRY_CNT) path.retry_cnt = attr.retry_cnt;
     if (attr_mask & IBV_QP_RNR_RETRY) path.rnr_retry = attr.rnr_retry;
     if (attr_mask & IBV_QP_MAX_QP_RD_ATOMIC) path.max_rd_atomic = attr.max_rd_atomic;
     if (path.sq_psn > 0xFFFFFF) return EINVAL;
-    if (auto connected = roce::connect_rc(*state.cpp, path); !connected) return errno_of(connected.error());
+    if (auto started = roce::start_rc_requester(*state.cpp, path); !started) return errno_of(started.error());
     state.rtr.reset();
     state.recorded = IBV_QPS_RTS;
     qp->state = IBV_QPS_RTS;

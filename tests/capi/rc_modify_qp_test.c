@@ -178,8 +178,9 @@ static void expect_wc(struct side *s, uint64_t id, enum ibv_wc_opcode opcode, ui
 	expect_wcs(s, &one, 1);
 }
 
-/* Both processes: open, swap, connect by modify_qp. `to_peer`/`from_peer` are the pipe ends. */
-static struct peer_info connect_side(struct side *s, int to_peer, int from_peer, uint32_t my_psn)
+/* Both processes: open, swap, connect by modify_qp. `to_peer`/`from_peer` are the pipe ends.
+ * A side that only receives may stop at RTR (`stay_in_rtr`), as perftest's bandwidth servers do. */
+static struct peer_info connect_side_to(struct side *s, int to_peer, int from_peer, uint32_t my_psn, int stay_in_rtr)
 {
 	open_side(s);
 	struct peer_info me = local_info(s, my_psn), peer;
@@ -194,12 +195,19 @@ static struct peer_info connect_side(struct side *s, int to_peer, int from_peer,
 	CHECK(memcmp(me.gid.raw, peer.gid.raw, 16) != 0); /* two processes, two addresses */
 	CHECK_EQ(rtr(s, &peer), 0);
 	CHECK_EQ(s->qp->state, IBV_QPS_RTR);
+	if (stay_in_rtr)
+		return peer;
 	CHECK_EQ(rts(s, my_psn), 0);
 	struct ibv_qp_attr attr;
 	struct ibv_qp_init_attr init;
 	CHECK_EQ(ibv_query_qp(s->qp, &attr, IBV_QP_STATE, &init), 0);
 	CHECK_EQ(attr.qp_state, IBV_QPS_RTS);
 	return peer;
+}
+
+static struct peer_info connect_side(struct side *s, int to_peer, int from_peer, uint32_t my_psn)
+{
+	return connect_side_to(s, to_peer, from_peer, my_psn, 0);
 }
 
 /* The child: receives a Send, answers with one, receives the parent's Write (announced by a
@@ -258,6 +266,58 @@ static void parent(int to_child, int from_child)
 	close_side(&s);
 }
 
+/* perftest's ib_send_bw / ib_write_bw / ib_read_bw server: its QP stays in RTR, and the
+ * client's Sends, Writes and Reads must still be acknowledged and answered. A send posted in
+ * RTR is EINVAL (it sends from RTS on). */
+static int rtr_only_child(int to_parent, int from_parent)
+{
+	struct side s;
+	struct peer_info parent = connect_side_to(&s, to_parent, from_parent, 0x777, 1);
+	(void)parent;
+	struct ibv_sge sge = { .addr = (uintptr_t)s.buf, .length = 1, .lkey = s.mr->lkey };
+	struct ibv_send_wr wr = { .wr_id = 9, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND }, *bad = NULL;
+	CHECK_EQ(ibv_post_send(s.qp, &wr, &bad), EINVAL);
+	CHECK(bad == &wr);
+	fill_pattern(s.buf + 2 * SEND_SIZE + WRITE_SIZE, READ_SIZE, 6); /* what the parent Reads */
+	char go = 'r';
+	write_all(to_parent, &go, 1);
+	expect_wc(&s, 100, IBV_WC_RECV, SEND_SIZE);
+	CHECK(check_pattern(s.buf, SEND_SIZE, 5));
+	read_all(from_parent, &go, 1); /* the parent's Write and Read are done */
+	CHECK_EQ(go, 'q');
+	CHECK(check_pattern(s.buf + 2 * SEND_SIZE, WRITE_SIZE, 7));
+	CHECK_EQ(s.qp->state, IBV_QPS_RTR);
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	CHECK_EQ(ibv_query_qp(s.qp, &attr, IBV_QP_STATE, &init), 0);
+	CHECK_EQ(attr.qp_state, IBV_QPS_RTR);
+	close_side(&s);
+	return 0;
+}
+
+static void rtr_only_parent(int to_child, int from_child)
+{
+	struct side s;
+	struct peer_info peer = connect_side(&s, to_child, from_child, 0x4242);
+	fill_pattern(s.buf + 4 * SEND_SIZE, SEND_SIZE, 5);
+	post_send(&s, 1, IBV_WR_SEND, 4 * SEND_SIZE, SEND_SIZE, 0, 0);
+	expect_wc(&s, 1, IBV_WC_SEND, 0);
+	fill_pattern(s.buf + 2 * SEND_SIZE, WRITE_SIZE, 7);
+	post_send(&s, 2, IBV_WR_RDMA_WRITE, 2 * SEND_SIZE, WRITE_SIZE, peer.addr + 2 * SEND_SIZE, peer.rkey);
+	expect_wc(&s, 2, IBV_WC_RDMA_WRITE, 0);
+	char go = 0;
+	read_all(from_child, &go, 1); /* the child's Read source is filled */
+	CHECK_EQ(go, 'r');
+	memset(s.buf + 2 * SEND_SIZE + WRITE_SIZE, 0, READ_SIZE);
+	post_send(&s, 3, IBV_WR_RDMA_READ, 2 * SEND_SIZE + WRITE_SIZE, READ_SIZE,
+		  peer.addr + 2 * SEND_SIZE + WRITE_SIZE, peer.rkey);
+	expect_wc(&s, 3, IBV_WC_RDMA_READ, READ_SIZE);
+	CHECK(check_pattern(s.buf + 2 * SEND_SIZE + WRITE_SIZE, READ_SIZE, 6));
+	go = 'q';
+	write_all(to_child, &go, 1);
+	close_side(&s);
+}
+
 /* iWARP: a QP runs only on the CM's TCP stream. */
 static void iwarp_refuses(void)
 {
@@ -289,5 +349,7 @@ int main(void)
 	CHECK_EQ(run_pair(child, parent), 0);
 	printf("roce: modify_qp-connected RC pair: Sends both ways, Write and Read of %d and %d bytes verified\n",
 	       WRITE_SIZE, READ_SIZE);
+	CHECK_EQ(run_pair(rtr_only_child, rtr_only_parent), 0);
+	printf("roce: a QP left in RTR takes a Send, a Write and answers a Read; its own send is EINVAL\n");
 	return 0;
 }

@@ -94,6 +94,21 @@ Status<std::errc> connect_rc(QueuePair& qp, const RcPath& path) {
   return {};
 }
 
+Status<std::errc> start_rc_requester(QueuePair& qp, const RcPath& path) {
+  QueuePairImpl& impl = qp.impl();
+  ContextImpl& ctx = *impl.context;
+  std::lock_guard lock(ctx.mutex);
+  if (!impl.roce) return fail(std::errc::invalid_argument);
+  const core::roce::RcRequesterParams params{.send_psn = path.sq_psn,
+                                             .local_ack_timeout = path.timeout,
+                                             .retry_cnt = static_cast<std::uint8_t>(path.retry_cnt & 7),
+                                             .rnr_retry = static_cast<std::uint8_t>(path.rnr_retry & 7),
+                                             .max_rd_atomic = std::max<std::uint8_t>(1, path.max_rd_atomic)};
+  if (auto set = impl.roce->rc.set_requester(params); !set) return fail(std::errc::invalid_argument);
+  device_of(ctx).pump();
+  return {};
+}
+
 Status<std::errc> make_ud(QueuePair& qp) {
   QueuePairImpl& impl = qp.impl();
   ContextImpl& ctx = *impl.context;

@@ -41,11 +41,17 @@ struct RcPath {
   std::uint8_t max_dest_rd_atomic = 1;
 };
 
-// Gives a QP made with QueuePair::create its RC core on `path.local` and connects it: RTR
-// and RTS at once. EINVAL for a QP a CmId carries or that already ran, a QPN or PSN over 24
+// Gives a QP made with QueuePair::create its RC core on `path.local` and connects it: its
+// responder runs at once, its requester with `path`'s send values (start_rc_requester()
+// replaces them before the first request when an RTS follows an RTR). EINVAL for a QP a CmId carries or that already ran, a QPN or PSN over 24
 // bits, an unknown MTU, a local address that is not the context's; the port's errors
 // (EADDRINUSE) when `path.local` cannot be opened.
 Status<std::errc> connect_rc(QueuePair& qp, const RcPath& path);
+
+// RTS after a connect_rc() made at RTR: the requester's PSN, timer, retries and Read depth
+// (`path`'s other fields are the RTR's and stay). EINVAL for a QP connect_rc() did not
+// connect or whose requester has already sent.
+Status<std::errc> start_rc_requester(QueuePair& qp, const RcPath& path);
 
 // Makes a QP made with QueuePair::create (no SRQ) a UD queue pair in RESET.
 Status<std::errc> make_ud(QueuePair& qp);

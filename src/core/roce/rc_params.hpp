@@ -50,6 +50,15 @@ struct RcConnectParams {
   std::uint16_t udp_source_port = 0xC000;
 };
 
+// What an RTS adds to a QP whose responder an RTR started (RcQueuePair::set_requester).
+struct RcRequesterParams {
+  std::uint32_t send_psn = 0;
+  std::uint8_t local_ack_timeout = 14;
+  std::uint8_t retry_cnt = 7;
+  std::uint8_t rnr_retry = 7;
+  std::uint8_t max_rd_atomic = 16;
+};
+
 // §2.8: 4.096 us * 2^T; zero (no timer) for T = 0.
 inline Duration local_ack_timeout_duration(std::uint8_t t) {
   if (t == 0) return Duration::zero();

@@ -135,6 +135,25 @@ Status<std::errc> RcQueuePair::connect(const RcConnectParams& params, Time now) 
   return {};
 }
 
+Status<std::errc> RcQueuePair::set_requester(const RcRequesterParams& params) {
+  if (!connected_) return fail(std::errc::not_connected);
+  if (params.send_psn > w::kPsnMask || params.local_ack_timeout > 31 || params.retry_cnt > 7 || params.rnr_retry > 7)
+    return fail(std::errc::invalid_argument);
+  const bool nothing_sent = tx_psn_ == params_.send_psn && una_psn_ == params_.send_psn &&
+                            sent_end_psn_ == params_.send_psn && tx_seq_ == sq_base_ && tx_pkt_ == 0;
+  if (!nothing_sent) return fail(std::errc::invalid_argument);
+  params_.send_psn = params.send_psn;
+  params_.local_ack_timeout = params.local_ack_timeout;
+  params_.retry_cnt = params.retry_cnt;
+  params_.rnr_retry = params.rnr_retry;
+  params_.max_rd_atomic = params.max_rd_atomic;
+  ack_timeout_ = local_ack_timeout_duration(params.local_ack_timeout);
+  tx_psn_ = una_psn_ = sent_end_psn_ = params.send_psn;
+  retries_left_ = params.retry_cnt;
+  rnr_retries_left_ = params.rnr_retry;
+  return {};
+}
+
 void RcQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, std::uint16_t udp_source_port,
                                   Time now) {
   now_ = std::max(now_, now);

@@ -48,6 +48,11 @@ class RcQueuePair {
   // RTR and RTS at once. EINVAL when a parameter does not fit its wire width or the PMTU
   // code is unknown; EISCONN when called twice.
   Status<std::errc> connect(const RcConnectParams& params, Time now);
+  // verbs take a QP to RTR (its responder runs: a receive-only QP stays there) before RTS
+  // (its requester's PSN, timer and retries): after a connect() made at RTR, the RTS's
+  // values replace the requester's. ENOTCONN before connect(); EINVAL when a value does not
+  // fit its wire width or a request has already gone out.
+  Status<std::errc> set_requester(const RcRequesterParams& params);
   // One UDP payload that arrived from the peer's `udp_source_port` (for the ICRC).
   void handle_datagram(std::span<const std::uint8_t> udp_payload, std::uint16_t udp_source_port, Time now);
   // Time passed: fires the local ACK timer and ends an RNR wait that are due.

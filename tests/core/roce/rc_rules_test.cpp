@@ -62,6 +62,47 @@ TEST(RcRules, SegmentsAtPmtuWithAckRequestOnTheLastPacket) {
   EXPECT_TRUE(has_pattern(dst.bytes(0, 650), 1));
 }
 
+// verbs' RTR then RTS: B's responder runs from a connect() whose send PSN is a placeholder
+// (it answers A while its requester waits), and set_requester() gives the RTS's PSN before
+// B's first request; once B has sent, its requester can no longer be replaced.
+TEST(RcRules, RequesterSetAfterTheResponderRanStartsAtTheRtsPsn) {
+  PairParams params = pair_params(100, 0);
+  params.a.recv_psn = 5000;  // A's RTR names the PSN B's RTS will bring
+  Wire wire(params);
+  Mr a_buf = wire.a.reg(64);
+  Mr b_buf = wire.b.reg(64);
+  ASSERT_TRUE(wire.b.recv(1, {b_buf.sge(0, 64)}));
+  fill_pattern(a_buf.bytes(0, 32), 3);
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {a_buf.sge(0, 32)}));
+  wire.run();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);  // B acknowledged from "RTR"
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  EXPECT_TRUE(has_pattern(b_buf.bytes(0, 32), 3));
+
+  ASSERT_TRUE(wire.b.qp.set_requester(RcRequesterParams{.send_psn = 5000, .local_ack_timeout = 12}));
+  ASSERT_TRUE(wire.a.recv(2, {a_buf.sge(32, 32)}));
+  ASSERT_TRUE(wire.b.post(2, WrOpcode::send, {b_buf.sge(0, 8)}));
+  const auto out = wire.drain(1);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(Wire::view(out[0]).headers.bth.psn, 5000u);
+  wire.deliver(0, out[0]);
+  wire.run();
+  ASSERT_EQ(wire.b.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.b.scq.wcs[0].status, WcStatus::success);  // A expected PSN 5000
+  ASSERT_EQ(wire.a.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.rcq.wcs[0].byte_len, 8u);
+  EXPECT_EQ(wire.b.qp.set_requester(RcRequesterParams{.send_psn = 7}).error(), std::errc::invalid_argument);
+}
+
+TEST(RcRules, RequesterValuesOutsideTheirWireWidthsAreRefused) {
+  Wire wire;
+  EXPECT_EQ(wire.b.qp.set_requester(RcRequesterParams{.send_psn = 1u << 24}).error(), std::errc::invalid_argument);
+  EXPECT_EQ(wire.b.qp.set_requester(RcRequesterParams{.retry_cnt = 8}).error(), std::errc::invalid_argument);
+  Node alone(9);
+  EXPECT_EQ(alone.qp.set_requester(RcRequesterParams{}).error(), std::errc::not_connected);
+}
+
 TEST(RcRules, ZeroLengthSendIsOneOnlyPacket) {
   Wire wire;
   Mr dst = wire.b.reg(16);
