@@ -58,4 +58,20 @@ class ReceiveQueue {
   RingDeque<PostedRecv> entries_;
 };
 
+// What a QP entering ERROR still holds of its receives completes with IBV_WC_WR_FLUSH_ERR
+// (verbs): the one a message in progress took, then its queue in posting order. `push`
+// takes each completion to the QP's receive CQ.
+template <typename Push>
+void flush_receives(std::optional<PostedRecv>& taken, ReceiveQueue& queue, std::uint32_t qp_num, Push&& push) {
+  const auto flushed = [&](const PostedRecv& posted) {
+    push(WorkCompletion{
+        .wr_id = posted.wr.wr_id, .status = WcStatus::wr_flush_error, .opcode = WcOpcode::recv, .qp_num = qp_num});
+  };
+  if (taken) {
+    flushed(*taken);
+    taken.reset();
+  }
+  while (!queue.empty()) flushed(queue.take());
+}
+
 }  // namespace peercm::core

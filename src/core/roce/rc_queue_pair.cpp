@@ -253,22 +253,7 @@ void RcQueuePair::flush_all() {
   }
   tx_seq_ = sq_base_;
   reads_in_flight_ = 0;
-  if (recv_taken_) {
-    push_recv_completion(WorkCompletion{.wr_id = recv_taken_->wr.wr_id,
-                                        .status = WcStatus::wr_flush_error,
-                                        .opcode = WcOpcode::recv,
-                                        .qp_num = params_.local_qpn},
-                         false);
-    recv_taken_.reset();
-  }
-  while (!rq_.empty()) {
-    const PostedRecv posted = rq_.take();
-    push_recv_completion(WorkCompletion{.wr_id = posted.wr.wr_id,
-                                        .status = WcStatus::wr_flush_error,
-                                        .opcode = WcOpcode::recv,
-                                        .qp_num = params_.local_qpn},
-                         false);
-  }
+  flush_receives(recv_taken_, rq_, params_.local_qpn, [this](const WorkCompletion& wc) { push_recv_completion(wc, false); });
   rx_message_ = RxMessage::none;
   flushing_ = false;
 }

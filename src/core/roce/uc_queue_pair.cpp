@@ -456,22 +456,7 @@ void UcQueuePair::flush_all() {
   }
   tx_pkt_ = 0;
   front_handed_out_ = false;
-  if (recv_taken_) {
-    push_recv_completion(WorkCompletion{.wr_id = recv_taken_->wr.wr_id,
-                                        .status = WcStatus::wr_flush_error,
-                                        .opcode = WcOpcode::recv,
-                                        .qp_num = config_.qpn},
-                         false);
-    recv_taken_.reset();
-  }
-  while (!rq_.empty()) {
-    const PostedRecv posted = rq_.take();
-    push_recv_completion(WorkCompletion{.wr_id = posted.wr.wr_id,
-                                        .status = WcStatus::wr_flush_error,
-                                        .opcode = WcOpcode::recv,
-                                        .qp_num = config_.qpn},
-                         false);
-  }
+  flush_receives(recv_taken_, rq_, config_.qpn, [this](const WorkCompletion& wc) { push_recv_completion(wc, false); });
   rx_message_ = RxMessage::none;
   flushing_ = false;
 }
