@@ -28,13 +28,13 @@ static double now_s(void)
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-/* Spins on the mapped buffer's last byte with no call into the library, as riostream does. */
+/* Spins on the mapped buffer's last byte with no call into the library, as riostream does
+ * (with an acquire load: the agent stores that byte last, with release). */
 static void spin_for(uint8_t marker)
 {
-	volatile uint8_t *last = &mapped[XFER - 1];
 	double deadline = now_s() + TEST_TIMEOUT_MS / 1000.0;
 
-	while (*last != marker)
+	while (__atomic_load_n(&mapped[XFER - 1], __ATOMIC_ACQUIRE) != marker)
 		CHECK(now_s() < deadline);
 }
 
