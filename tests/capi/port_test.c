@@ -78,35 +78,6 @@ static void bind_conflicts(void)
 
 static struct sockaddr_in server_address;
 
-/* The client's next request may reach the server before the server's DISCONNECTED of the
- * connection before it (the client hears its own at once): such a request waits here. */
-static struct rdma_cm_event *early_request;
-
-static struct rdma_cm_event *server_event(struct rdma_event_channel *cm, enum rdma_cm_event_type type)
-{
-	struct rdma_cm_event *event;
-
-	if (type == RDMA_CM_EVENT_CONNECT_REQUEST && early_request) {
-		event = early_request;
-		early_request = NULL;
-		return event;
-	}
-	if (type == RDMA_CM_EVENT_DISCONNECTED && !early_request) {
-		struct pollfd pfd = { .fd = cm->fd, .events = POLLIN };
-
-		CHECK(poll(&pfd, 1, TEST_TIMEOUT_MS) == 1);
-		CHECK(rdma_get_cm_event(cm, &event) == 0);
-		if (event->event == type)
-			return event;
-		if (event->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
-			fprintf(stderr, "got %s, wanted %s\n", rdma_event_str(event->event), rdma_event_str(type));
-			exit(1);
-		}
-		early_request = event;
-	}
-	return expect_event(cm, type);
-}
-
 /* Two requests: each carries the client's source port, which must be the child's dst port
  * from CONNECT_REQUEST on, with the listener's port as its src port. */
 static int server(int port_fd)

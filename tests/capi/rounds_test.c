@@ -162,7 +162,7 @@ static int server(int port_fd)
 		struct rdma_cm_id *id;
 		struct ibv_qp *qp;
 
-		event = expect_event(cm, RDMA_CM_EVENT_CONNECT_REQUEST);
+		event = server_event(cm, RDMA_CM_EVENT_CONNECT_REQUEST);
 		id = event->id;
 		CHECK(rdma_ack_cm_event(event) == 0);
 		use_device_of(&v, id);
@@ -180,7 +180,7 @@ static int server(int port_fd)
 		CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_ESTABLISHED)) == 0);
 		receive_and_check(&v, qp, (uint64_t)round, 1000u + (uint32_t)round);
 		send_and_check(&v, qp, 100u + (uint64_t)round, 2000u + (uint32_t)round);
-		CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_DISCONNECTED)) == 0);
+		CHECK(rdma_ack_cm_event(server_event(cm, RDMA_CM_EVENT_DISCONNECTED)) == 0);
 		drop_qp(id, qp, round);
 		CHECK(rdma_destroy_id(id) == 0);
 	}
@@ -189,7 +189,7 @@ static int server(int port_fd)
 		struct rdma_conn_param param;
 		struct rdma_cm_id *id;
 
-		event = expect_event(cm, RDMA_CM_EVENT_CONNECT_REQUEST);
+		event = server_event(cm, RDMA_CM_EVENT_CONNECT_REQUEST);
 		id = event->id;
 		CHECK(rdma_ack_cm_event(event) == 0);
 		memset(&param, 0, sizeof param);
