@@ -171,6 +171,33 @@ static inline pid_t spawn_peer(int (*body)(int port_fd), uint16_t *port)
 	return pid;
 }
 
+/* The out-of-band exchange of the verbs-only tests (as ibv_*_pingpong do over TCP): what each
+ * side tells the other of its QP and memory, and whole writes and reads on the pipes. */
+struct peer_info {
+	union ibv_gid gid;
+	uint32_t qpn;
+	uint32_t psn;
+	uint64_t addr;
+	uint32_t rkey;
+};
+
+static inline void write_all(int fd, const void *data, size_t n)
+{
+	CHECK(write(fd, data, n) == (ssize_t)n);
+}
+
+static inline void read_all(int fd, void *data, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = read(fd, (char *)data + got, n - got);
+
+		CHECK(r > 0);
+		got += (size_t)r;
+	}
+}
+
 /* Two processes joined by a pipe each way, as verbs programs exchange GIDs and QP numbers
  * out of band: `child(to_parent, from_parent)` runs in a forked process, `parent(to_child,
  * from_child)` here, each under a 60 s alarm. Returns the child's exit status (0 on success). */

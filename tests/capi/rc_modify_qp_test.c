@@ -8,14 +8,6 @@
 
 enum { BUFFER = 1 << 17, SEND_SIZE = 10000, WRITE_SIZE = 40000, READ_SIZE = 30000 };
 
-struct peer_info {
-	union ibv_gid gid;
-	uint32_t qpn;
-	uint32_t psn;
-	uint64_t addr;
-	uint32_t rkey;
-};
-
 struct side {
 	struct ibv_context *context;
 	struct ibv_pd *pd;
@@ -25,21 +17,6 @@ struct side {
 	struct ibv_qp *qp;
 	unsigned char *buf;
 };
-
-static void write_all(int fd, const void *data, size_t n)
-{
-	CHECK(write(fd, data, n) == (ssize_t)n);
-}
-
-static void read_all(int fd, void *data, size_t n)
-{
-	size_t got = 0;
-	while (got < n) {
-		ssize_t r = read(fd, (char *)data + got, n - got);
-		CHECK(r > 0);
-		got += (size_t)r;
-	}
-}
 
 static void open_side(struct side *s)
 {

@@ -10,14 +10,6 @@
 
 enum { BUFFER = 1 << 18, SEND_SIZE = 10000, ROUNDS = 20, WRITE_SIZE = 60000, WRITE_IMM_SIZE = 5000 };
 
-struct peer_info {
-	union ibv_gid gid;
-	uint32_t qpn;
-	uint32_t psn;
-	uint64_t addr;
-	uint32_t rkey;
-};
-
 struct side {
 	struct ibv_context *context;
 	struct ibv_pd *pd;
@@ -29,21 +21,6 @@ struct side {
 	int to_peer;
 	int from_peer;
 };
-
-static void write_all(int fd, const void *data, size_t n)
-{
-	CHECK(write(fd, data, n) == (ssize_t)n);
-}
-
-static void read_all(int fd, void *data, size_t n)
-{
-	size_t got = 0;
-	while (got < n) {
-		ssize_t r = read(fd, (char *)data + got, n - got);
-		CHECK(r > 0);
-		got += (size_t)r;
-	}
-}
 
 /* One byte over the pipe: "my receive is posted, you may send". */
 static void tell(struct side *s, char what)

@@ -10,11 +10,6 @@
 
 enum { QKEY = 0x11111111, PINGS = 50, MAX_PAYLOAD = 4096, SLOT = 40 + MAX_PAYLOAD, SLOTS = 8 };
 
-struct peer_info {
-	union ibv_gid gid;
-	uint32_t qpn;
-};
-
 struct side {
 	struct ibv_context *context;
 	struct ibv_pd *pd;
@@ -24,21 +19,6 @@ struct side {
 	struct ibv_qp *qp;
 	uint8_t *buf; /* SLOTS receive slots, then one send slot */
 };
-
-static void write_all(int fd, const void *data, size_t n)
-{
-	CHECK(write(fd, data, n) == (ssize_t)n);
-}
-
-static void read_all(int fd, void *data, size_t n)
-{
-	size_t got = 0;
-	while (got < n) {
-		ssize_t r = read(fd, (char *)data + got, n - got);
-		CHECK(r > 0);
-		got += (size_t)r;
-	}
-}
 
 static uint8_t *send_slot(struct side *s)
 {
