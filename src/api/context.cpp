@@ -25,6 +25,7 @@ ContextImpl::ContextImpl(const ContextOptions& options)
       mode(options.progress),
       timewait(options.timewait),
       p2p(std::make_unique<P2pDriver>(*this)),
+      qp_numbers(random_u64()),
       roce_options(options.roce) {
   // Before the progress thread starts: a process still single-threaded grows it for free.
   engine::reserve_descriptor_table(options.reserved_descriptors);
@@ -35,6 +36,13 @@ ContextImpl::~ContextImpl() {
   reactor.stop_thread();
   std::lock_guard lock(mutex);  // the reactor's rule for remove() and cancel_timer()
   roce.reset();
+}
+
+std::uint32_t ContextImpl::next_qp_num() {
+  for (;;) {
+    const std::uint32_t qpn = qp_numbers.forward(qp_counter++ & core::Permutation24::kMask);
+    if (qpn > 1 && qpn != core::Permutation24::kMask) return qpn;
+  }
 }
 
 void ContextImpl::progress(std::chrono::milliseconds max_wait) {

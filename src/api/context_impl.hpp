@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/memory_table.hpp"
+#include "core/permutation24.hpp"
 #include "engine/reactor.hpp"
 #include "engine/tcp_mss.hpp"
 #include "peercm/cm.hpp"
@@ -28,11 +29,13 @@ struct ContextImpl {
   ~ContextImpl();
 
   std::uint32_t next_pd() { return ++pd_counter; }
-  // QP numbers start above the ones InfiniBand reserves (QPN 0 and 1 are the SMI and GSI,
-  // and RoCE's CM runs on QP1): a RoCE QP's number is its wire QPN, as with any RoCE device,
-  // so qp_num(), work completions and the peer's ConnParam::qp_num all agree.
-  std::uint32_t next_qp_num() { return kFirstQpNum + qp_counter++; }
-  static constexpr std::uint32_t kFirstQpNum = 0x100;
+  // QP numbers: a counter through the context's keyed permutation of the 24-bit QPN space,
+  // skipping the numbers InfiniBand reserves (0 and 1 are the SMI and GSI, and RoCE's CM
+  // runs on QP1; 0xFFFFFF is multicast). They repeat only after 2^24 QPs, and follow no
+  // order a peer could extrapolate from the ones it saw (docs/reliability.md, "Numbers a
+  // peer can see"). A RoCE QP's number is its wire QPN, as with any RoCE device, so
+  // qp_num(), work completions and the peer's ConnParam::qp_num all agree.
+  std::uint32_t next_qp_num();
   std::uint32_t next_cmid() { return ++cmid_counter; }
   // Inline mode: run the reactor once on the caller's thread.
   void progress(std::chrono::milliseconds max_wait);
@@ -80,6 +83,7 @@ struct ContextImpl {
   std::atomic<std::uint32_t> pd_counter = 0;
   std::atomic<std::uint32_t> qp_counter = 0;
   std::atomic<std::uint32_t> cmid_counter = 0;
+  core::Permutation24 qp_numbers;
   RoceOptions roce_options;
   // The RoCE transport's sockets, agents and QP table, made by the first RoCE CmId.
   std::unique_ptr<roce::RoceDevice> roce;

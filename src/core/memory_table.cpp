@@ -5,8 +5,6 @@ namespace {
 
 constexpr std::uint32_t kMaxIndex = 0x00FFFFFF;
 
-std::uint32_t index_of(std::uint32_t stag) { return stag >> 8; }
-
 wire::TerminateCode rdmap_protection(std::uint8_t code) {
   return {wire::TerminateLayer::rdmap, 0x1, code};
 }
@@ -14,10 +12,8 @@ wire::TerminateCode ddp_tagged(std::uint8_t code) { return {wire::TerminateLayer
 
 }  // namespace
 
-MemoryTable::MemoryTable(std::uint64_t seed) : rng_(seed) {
-  slots_.emplace_back();  // index 0 is never handed out: STag 0 is special to some peers
-  slots_[0].in_use = true;
-}
+MemoryTable::MemoryTable(std::uint64_t seed)
+    : rng_(seed), permutation_(rng_()), reserved_index_(permutation_.inverse(0)) {}
 
 Result<std::uint32_t, std::errc> MemoryTable::register_region(std::uint32_t pd, std::uint64_t addr,
                                                               std::uint64_t length, std::uint32_t access) {
@@ -30,13 +26,17 @@ Result<std::uint32_t, std::errc> MemoryTable::register_region(std::uint32_t pd, 
     index = free_indices_.back();
     free_indices_.pop_back();
   } else {
-    if (slots_.size() > kMaxIndex) return fail(std::errc::not_enough_memory);
+    if (slots_.size() >= kMaxIndex) return fail(std::errc::not_enough_memory);
     index = static_cast<std::uint32_t>(slots_.size());
     slots_.emplace_back();
+    if (index == reserved_index_) {
+      index = static_cast<std::uint32_t>(slots_.size());
+      slots_.emplace_back();
+    }
   }
   // A fresh random key each time, so a stale or guessed STag of a reused index misses.
   const auto key = static_cast<std::uint32_t>(rng_() & 0xFF);
-  const std::uint32_t stag = (index << 8) | key;
+  const std::uint32_t stag = permutation_.forward(index) << 8 | key;
   slots_[index] = Slot{Region{addr, length, access, pd, stag}, true, true};
   ++live_;
   return stag;
@@ -44,7 +44,7 @@ Result<std::uint32_t, std::errc> MemoryTable::register_region(std::uint32_t pd, 
 
 Status<std::errc> MemoryTable::deregister(std::uint32_t stag) {
   const std::uint32_t index = index_of(stag);
-  if (index == 0 || index >= slots_.size() || !slots_[index].in_use || slots_[index].region.stag != stag)
+  if (!usable(index) || !slots_[index].in_use || slots_[index].region.stag != stag)
     return fail(std::errc::invalid_argument);
   slots_[index] = Slot{};
   free_indices_.push_back(index);
@@ -54,7 +54,7 @@ Status<std::errc> MemoryTable::deregister(std::uint32_t stag) {
 
 const Region* MemoryTable::find(std::uint32_t stag) const {
   const std::uint32_t index = index_of(stag);
-  if (index == 0 || index >= slots_.size()) return nullptr;
+  if (!usable(index)) return nullptr;
   const Slot& slot = slots_[index];
   if (!slot.in_use || !slot.valid || slot.region.stag != stag) return nullptr;
   return &slot.region;
@@ -88,7 +88,7 @@ bool MemoryTable::check_local(const Sge& sge, std::uint32_t pd, bool needs_local
 
 std::optional<wire::TerminateCode> MemoryTable::invalidate(std::uint32_t stag, std::uint32_t pd) {
   const std::uint32_t index = index_of(stag);
-  if (index == 0 || index >= slots_.size()) return rdmap_protection(0x09);
+  if (!usable(index)) return rdmap_protection(0x09);
   Slot& slot = slots_[index];
   if (!slot.in_use || !slot.valid || slot.region.stag != stag || slot.region.pd != pd) return rdmap_protection(0x09);
   slot.valid = false;

@@ -1,5 +1,6 @@
 // Registered memory and its STags: the table every inbound tagged access is checked against
-// (RFC 5040 §7.2, RFC 5041 §7). An STag is a 24-bit index and a random 8-bit key.
+// (RFC 5040 §7.2, RFC 5041 §7). An STag is a 24-bit index, passed through the table's own
+// keyed permutation so that STags follow no order, and a random 8-bit key.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <system_error>
 #include <vector>
 
+#include "core/permutation24.hpp"
 #include "peercm/result.hpp"
 #include "peercm/verbs_types.hpp"
 #include "wire/ddp_rdmap.hpp"
@@ -50,9 +52,17 @@ class MemoryTable {
     bool in_use = false;
     bool valid = false;  // false after remote invalidation
   };
+  // A slot's STag is permutation_.forward(index) << 8 | key.
+  std::uint32_t index_of(std::uint32_t stag) const { return permutation_.inverse(stag >> 8); }
+  // The slot whose STags would be 0x000000xx: never handed out, since STag 0 is special to
+  // some peers.
+  bool usable(std::uint32_t index) const { return index != reserved_index_ && index < slots_.size(); }
+
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> free_indices_;
   std::mt19937_64 rng_;
+  Permutation24 permutation_;
+  std::uint32_t reserved_index_;
   std::size_t live_ = 0;
 };
 

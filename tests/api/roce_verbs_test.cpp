@@ -1,11 +1,21 @@
 // Verbs without the CM over RoCE (src/api/roce/roce_verbs.hpp), two contexts in one process:
 // GIDs, an RC pair connected by connect_rc (what modify_qp RTR/RTS does), UD QPs, a UC pair
-// connected by modify_uc, and the device dropping and counting datagrams that name no QP of it.
+// connected by modify_uc, and the device dropping and counting datagrams that name no QP of it
+// or come from an address other than the QP's peer.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <set>
+#include <span>
+#include <vector>
 
 #include "api/roce/roce_verbs.hpp"
+#include "wire/roce/packet.hpp"
 #include "loopback_pair.hpp"
 
 namespace peercm::test {
@@ -101,6 +111,111 @@ TEST(RoceVerbs, ConnectRcRefusesBadPaths) {
   EXPECT_EQ(roce::connect_rc(*qp, path).error(), std::errc::invalid_argument);
   path.local = local;
   EXPECT_TRUE(roce::connect_rc(*qp, path));
+}
+
+// One RDMA WRITE ONLY to `qp_b`, built by hand: the right QPN, PSN and R_Key, and an ICRC
+// computed as if it came from `claimed_source`, sent from a socket bound to `sent_from`.
+void send_crafted_write(std::uint32_t sent_from, std::uint32_t claimed_source, std::uint32_t destination,
+                        std::uint32_t qpn, std::uint32_t psn, std::uint64_t address, std::uint32_t rkey,
+                        std::span<const std::uint8_t> payload) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_addr.s_addr = htonl(sent_from);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local), 0);
+  socklen_t length = sizeof local;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length), 0);
+  namespace w = wire::roce;
+  w::PacketHeaders headers;
+  headers.bth.opcode = w::Opcode::rc_rdma_write_only;
+  headers.bth.destination_qp = qpn;
+  headers.bth.psn = psn;
+  headers.bth.ack_request = true;
+  headers.reth = w::Reth{.virtual_address = address, .r_key = rkey,
+                         .dma_length = static_cast<std::uint32_t>(payload.size())};
+  const w::IcrcPseudoHeader pseudo{.ip = w::Ipv4IcrcFields{.source = bytes(claimed_source), .destination = bytes(destination)},
+                                   .udp_source_port = ntohs(local.sin_port)};
+  std::vector<std::uint8_t> packet(w::packet_size(headers.bth.opcode, payload.size()));
+  auto size = w::encode_packet(headers, payload, pseudo, packet);
+  ASSERT_TRUE(size.has_value());
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(w::kRoceUdpPort);
+  to.sin_addr.s_addr = htonl(destination);
+  EXPECT_EQ(::sendto(fd, packet.data(), *size, 0, reinterpret_cast<sockaddr*>(&to), sizeof to),
+            static_cast<ssize_t>(*size));
+  ::close(fd);
+}
+
+// A connected RC QP takes packets from its peer's address alone (docs/reliability.md,
+// "Packets from outside a connection"). The attacker knows the QPN, the next PSN and the
+// R_Key and computes the ICRC as the peer would; from another 127/8 address its WRITE is
+// dropped and counted. The same packet from the peer's address lands, so the packet itself
+// was valid.
+TEST(RoceVerbs, RcWriteFromAnotherAddressIsDroppedThoughEverythingElseIsRight) {
+  Side a;
+  Side b;
+  auto qp_a = standalone_qp(a);
+  auto qp_b = standalone_qp(b);
+  const std::uint32_t address_a = *roce::gid_address(*a.context, 0);
+  const std::uint32_t address_b = *roce::gid_address(*b.context, 0);
+  const std::uint32_t attacker = address_a ^ 0x5A5A;  // another 127/8 address
+  std::vector<std::uint8_t> target(4096, 0);
+  auto mr_b = b.region(target);
+  ASSERT_TRUE(roce::connect_rc(*qp_a, {.local = address_a, .remote = address_b, .remote_qpn = qp_b->qp_num(),
+                                       .rq_psn = 0x222, .sq_psn = 0x111, .path_mtu = 1024}));
+  ASSERT_TRUE(roce::connect_rc(*qp_b, {.local = address_b, .remote = address_a, .remote_qpn = qp_a->qp_num(),
+                                       .rq_psn = 0x111, .sq_psn = 0x222, .path_mtu = 1024}));
+  const std::vector<std::uint8_t> payload(256, 0xEE);
+  const auto address = reinterpret_cast<std::uintptr_t>(target.data());
+  auto wait_for = [&](auto done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      EXPECT_TRUE(poll_n(*b.cq, 1, std::chrono::milliseconds(1)).empty());
+    return done();
+  };
+  send_crafted_write(attacker, address_a, address_b, qp_b->qp_num(), 0x111, address, mr_b->rkey(), payload);
+  ASSERT_TRUE(wait_for([&] { return roce::rc_stats(*qp_b).dropped_foreign_source == 1; }));
+  EXPECT_TRUE(std::all_of(target.begin(), target.end(), [](std::uint8_t v) { return v == 0; }));
+  EXPECT_EQ(roce::rc_stats(*qp_b).dropped_bad_icrc, 0u);
+
+  send_crafted_write(address_a, address_a, address_b, qp_b->qp_num(), 0x111, address, mr_b->rkey(), payload);
+  ASSERT_TRUE(wait_for([&] { return target[255] == 0xEE; }));
+  EXPECT_TRUE(std::all_of(target.begin(), target.begin() + 256, [](std::uint8_t v) { return v == 0xEE; }));
+  EXPECT_EQ(roce::rc_stats(*qp_b).dropped_foreign_source, 1u);
+}
+
+// QPNs are wire values an attacker needs next to the PSN and R_Key (docs/reliability.md,
+// "Numbers a peer can see"): consecutive QPs of a context get numbers in no order, never
+// the reserved 0, 1 or 0xFFFFFF, and two contexts number their QPs unrelatedly.
+TEST(RoceVerbs, QpNumbersFollowNoOrderAndSkipTheReservedOnes) {
+  Side a;
+  Side b;
+  std::vector<std::unique_ptr<QueuePair>> qps_a, qps_b;
+  std::vector<std::uint32_t> numbers;
+  int equal = 0;
+  for (int i = 0; i < 400; ++i) {
+    qps_a.push_back(standalone_qp(a));
+    qps_b.push_back(standalone_qp(b));
+    numbers.push_back(qps_a.back()->qp_num());
+    equal += qps_a.back()->qp_num() == qps_b.back()->qp_num();
+  }
+  EXPECT_LE(equal, 1);
+  std::set<std::uint32_t> unique(numbers.begin(), numbers.end());
+  EXPECT_EQ(unique.size(), numbers.size());
+  std::set<std::uint32_t> steps;
+  int predicted = 0;
+  for (std::size_t i = 0; i < numbers.size(); ++i) {
+    EXPECT_GT(numbers[i], 1u);
+    EXPECT_LT(numbers[i], 0xFFFFFFu);
+    if (i < 2) continue;
+    const std::uint32_t step = numbers[i - 1] - numbers[i - 2];
+    steps.insert(step);
+    predicted += numbers[i] == numbers[i - 1] + step;
+  }
+  EXPECT_GE(steps.size(), 390u);
+  EXPECT_LE(predicted, 1);
 }
 
 TEST(RoceVerbs, UdDatagramsToUnknownQpnsAreDroppedAndCounted) {

@@ -389,11 +389,11 @@ void RoceDevice::on_datagram(RocePort& port, std::span<const std::uint8_t> bytes
   auto found = qps_.find(destination_qp);
   auto qp = found == qps_.end() ? nullptr : found->second.lock();
   if (qp && qp->roce) {
-    qp->roce->rc.handle_datagram(bytes, source_port, at);
+    qp->roce->rc.handle_datagram(bytes, to_bytes(source), source_port, at);
   } else if (qp && qp->roce_ud) {
     qp->roce_ud->ud.handle_datagram(bytes, to_bytes(source), source_port, to_bytes(port.address));
   } else if (qp && qp->roce_uc) {
-    qp->roce_uc->uc.handle_datagram(bytes, source_port);
+    qp->roce_uc->uc.handle_datagram(bytes, to_bytes(source), source_port);
   } else {
     ++dropped_unknown_qp;
   }

@@ -239,6 +239,11 @@ core::roce::UcStats uc_stats(QueuePair& qp) {
   return qp.impl().roce_uc ? qp.impl().roce_uc->uc.stats() : core::roce::UcStats{};
 }
 
+core::roce::RcStats rc_stats(QueuePair& qp) {
+  std::lock_guard lock(qp.impl().context->mutex);
+  return qp.impl().roce ? qp.impl().roce->rc.stats() : core::roce::RcStats{};
+}
+
 std::uint64_t dropped_unknown_qp(Context& context) {
   ContextImpl& ctx = context.impl();
   std::lock_guard lock(ctx.mutex);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <system_error>
 
+#include "core/roce/rc_events.hpp"
 #include "core/roce/uc_queue_pair.hpp"
 #include "core/roce/ud_queue_pair.hpp"
 #include "peercm/result.hpp"
@@ -84,6 +85,8 @@ struct UcModify {
 // (EADDRINUSE) when `local` cannot be opened.
 Status<std::errc> modify_uc(QueuePair& qp, const UcModify& change);
 core::roce::UcStats uc_stats(QueuePair& qp);
+// The RC core's counters of a QP connect_rc() or the CM gave one; zeros otherwise.
+core::roce::RcStats rc_stats(QueuePair& qp);
 // Datagrams the context dropped because no QP of it has their QPN.
 std::uint64_t dropped_unknown_qp(Context& context);
 

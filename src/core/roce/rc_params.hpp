@@ -13,6 +13,9 @@
 
 namespace peercm::core::roce {
 
+// An IPv4 address in network byte order, as the ICRC pseudo-header carries it.
+using Ipv4Bytes = std::array<std::uint8_t, 4>;
+
 struct RcQpConfig {
   std::uint32_t pd = 0;
   QpCaps caps;

@@ -154,12 +154,16 @@ Status<std::errc> RcQueuePair::set_requester(const RcRequesterParams& params) {
   return {};
 }
 
-void RcQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, std::uint16_t udp_source_port,
-                                  Time now) {
+void RcQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, const Ipv4Bytes& source_ip,
+                                  std::uint16_t udp_source_port, Time now) {
   now_ = std::max(now_, now);
   ++stats_.datagrams_received;
   if (!connected_ || state_ == QpState::error) {
     ++stats_.dropped_unexpected;
+    return;
+  }
+  if (source_ip != params_.remote_ip) {
+    ++stats_.dropped_foreign_source;
     return;
   }
   // §1.4, §1.5: the sender used ID 0 with DF, from its address to ours.

@@ -53,8 +53,12 @@ class RcQueuePair {
   // values replace the requester's. ENOTCONN before connect(); EINVAL when a value does not
   // fit its wire width or a request has already gone out.
   Status<std::errc> set_requester(const RcRequesterParams& params);
-  // One UDP payload that arrived from the peer's `udp_source_port` (for the ICRC).
-  void handle_datagram(std::span<const std::uint8_t> udp_payload, std::uint16_t udp_source_port, Time now);
+  // One UDP payload that arrived from `source_ip`:`udp_source_port`. A connected QP takes
+  // datagrams from its peer's address alone (docs/reliability.md, "Packets from outside a
+  // connection"): the rest are dropped and counted (dropped_foreign_source), whatever their
+  // ICRC, which an attacker computes as easily as the peer.
+  void handle_datagram(std::span<const std::uint8_t> udp_payload, const Ipv4Bytes& source_ip,
+                       std::uint16_t udp_source_port, Time now);
   // Time passed: fires the local ACK timer and ends an RNR wait that are due.
   void handle_timeout(Time now);
   // The owner moves the QP to ERROR (modify_qp): everything outstanding flushes.

@@ -270,10 +270,15 @@ bool UcQueuePair::poll_datagram(RcDatagram& out) {
 
 // ---------------------------------------------------------------- responder
 
-void UcQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, std::uint16_t udp_source_port) {
+void UcQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, const Ipv4Bytes& source_ip,
+                                  std::uint16_t udp_source_port) {
   ++stats_.datagrams_received;
   if (state_ != QpState::rtr && state_ != QpState::rts) {
     ++stats_.dropped_not_ready;
+    return;
+  }
+  if (source_ip != path_.remote_ip) {
+    ++stats_.dropped_foreign_source;
     return;
   }
   const w::IcrcPseudoHeader pseudo{.ip = w::Ipv4IcrcFields{.source = path_.remote_ip, .destination = path_.local_ip},

@@ -43,6 +43,7 @@
 #include "core/queue_pair_engine.hpp"  // CompletionSink
 #include "core/receive_queue.hpp"
 #include "core/roce/rc_datagram.hpp"
+#include "core/roce/rc_params.hpp"  // Ipv4Bytes
 #include "peercm/result.hpp"
 #include "peercm/verbs_types.hpp"
 #include "wire/roce/packet.hpp"
@@ -76,6 +77,7 @@ struct UcStats {
   std::uint64_t dropped_malformed = 0;    // decode errors, wrong QPN, P_Key, transport or length
   std::uint64_t dropped_bad_icrc = 0;
   std::uint64_t dropped_not_ready = 0;    // before RTR, or in ERROR
+  std::uint64_t dropped_foreign_source = 0;  // from an address other than the peer's
   std::uint64_t dropped_out_of_sequence = 0;  // Middle/Last packets with a PSN gap or no message
   std::uint64_t messages_discarded = 0;   // partial messages given up on (a gap, a new First)
   std::uint64_t dropped_no_receive = 0;   // a Send or Write with Immediate found no receive
@@ -111,8 +113,10 @@ class UcQueuePair {
   void detach_srq();
 
   // --- inputs ---
-  // One UDP payload that arrived from the peer's `udp_source_port` (for the ICRC).
-  void handle_datagram(std::span<const std::uint8_t> udp_payload, std::uint16_t udp_source_port);
+  // One UDP payload that arrived from `source_ip`:`udp_source_port`; only the peer's
+  // address is taken once in RTR (as RcQueuePair::handle_datagram).
+  void handle_datagram(std::span<const std::uint8_t> udp_payload, const Ipv4Bytes& source_ip,
+                       std::uint16_t udp_source_port);
 
   // --- outputs ---
   // The next datagram as header bytes + iovecs into registered memory (or a WR's inline

@@ -21,13 +21,12 @@
 #include "core/memory_table.hpp"
 #include "core/queue_pair_engine.hpp"  // CompletionSink
 #include "core/receive_queue.hpp"
+#include "core/roce/rc_params.hpp"  // Ipv4Bytes
 #include "peercm/result.hpp"
 #include "peercm/verbs_types.hpp"
 #include "wire/roce/packet.hpp"
 
 namespace peercm::core::roce {
-
-using Ipv4Bytes = std::array<std::uint8_t, 4>;
 
 // Where one UD send goes (an address handle plus the WR's remote QPN and Q_Key).
 struct UdDestination {

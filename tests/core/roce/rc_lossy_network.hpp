@@ -5,6 +5,7 @@
 // one, so both output forms carry every run.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -84,7 +85,7 @@ class LossyNetwork {
       queue_.pop();
       ++delivered_;
       if (trace) print("deliver", item.to, item.bytes);
-      nodes_[item.to]->qp.handle_datagram(item.bytes, ports_[1 - item.to], now_);
+      nodes_[item.to]->qp.handle_datagram(item.bytes, addresses_[1 - item.to], ports_[1 - item.to], now_);
     }
     for (Node* node : nodes_) {
       if (auto d = node->qp.next_deadline(); d && *d <= now_) {
@@ -159,6 +160,7 @@ class LossyNetwork {
   NetworkConfig config_;
   std::array<Node*, 2> nodes_;
   std::array<std::uint16_t, 2> ports_;
+  std::array<Ipv4Bytes, 2> addresses_{kIpA, kIpB};  // make_params: node 0 is A
   Time now_{};
   std::priority_queue<InFlight, std::vector<InFlight>, std::greater<>> queue_;
   std::map<std::uint64_t, int> drop_counts_;

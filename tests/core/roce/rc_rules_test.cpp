@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "rc_test_support.hpp"
@@ -469,12 +470,36 @@ TEST(RcRules, BadIcrcIsDroppedAndCounted) {
   corrupt[w::kBthSize + 3] ^= 0x10;
   wire.deliver(1, corrupt);
   // The right bytes from another source port fail the ICRC too (§1.4: ports are covered).
-  wire.b.qp.handle_datagram(out[0], kPortA + 1, wire.now);
+  wire.b.qp.handle_datagram(out[0], kIpA, kPortA + 1, wire.now);
   EXPECT_EQ(wire.b.qp.stats().dropped_bad_icrc, 2u);
   EXPECT_TRUE(wire.b.rcq.wcs.empty());
   EXPECT_TRUE(wire.drain(1).empty());
   wire.deliver(1, out[0]);
   EXPECT_EQ(wire.b.rcq.wcs.size(), 1u);
+}
+
+// The whole packet, its ICRC computed for the peer's address, from another address: what
+// an attacker who learned the QPN, PSN and R_Key sends (docs/reliability.md). It is
+// dropped and counted before anything is decoded; the same bytes from the peer land.
+TEST(RcRules, DatagramsFromAnAddressOtherThanThePeersAreDroppedWhateverTheirIcrc) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64);
+  fill_pattern(src.bytes(0, 64), 9);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, 64)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::rdma_write, {src.sge(0, 48)}, 0, dst.addr, dst.key));
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 1u);
+  constexpr std::array<std::uint8_t, 4> kIpElsewhere{10, 0, 0, 66};
+  wire.b.qp.handle_datagram(out[0], kIpElsewhere, kPortA, wire.now);
+  wire.b.qp.handle_datagram(out[0], kIpB, kPortA, wire.now);  // B's own address is foreign too
+  EXPECT_EQ(wire.b.qp.stats().dropped_foreign_source, 2u);
+  EXPECT_EQ(wire.b.qp.stats().dropped_bad_icrc, 0u);
+  EXPECT_TRUE(std::all_of(dst.bytes(0, 64).begin(), dst.bytes(0, 64).end(), [](auto b) { return b == 0; }));
+  EXPECT_TRUE(wire.drain(1).empty());  // not even an ACK or a NAK goes back
+  wire.deliver(1, out[0]);
+  EXPECT_TRUE(has_pattern(dst.bytes(0, 48), 9));
+  EXPECT_EQ(wire.b.qp.stats().dropped_foreign_source, 2u);
 }
 
 TEST(RcRules, MaxRdAtomicBoundsReadsInFlight) {

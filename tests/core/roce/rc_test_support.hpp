@@ -165,7 +165,8 @@ class Wire {
   }
   void deliver(int to, const Bytes& datagram) {
     Node& n = to == 0 ? a : b;
-    n.qp.handle_datagram(datagram, to == 0 ? params.b.udp_source_port : params.a.udp_source_port, now);
+    n.qp.handle_datagram(datagram, to == 0 ? params.b.local_ip : params.a.local_ip,
+                       to == 0 ? params.b.udp_source_port : params.a.udp_source_port, now);
   }
   static w::PacketView view(const Bytes& datagram) {
     auto v = w::decode_packet(datagram);

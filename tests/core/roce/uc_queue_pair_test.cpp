@@ -98,7 +98,7 @@ class UcQueuePairTest : public ::testing::Test {
     for (int i = 0; i < 100000 && a.qp.poll_datagram(d); ++i) out.push_back(flatten(d));
     return out;
   }
-  void to_b(const Bytes& datagram) { b.qp.handle_datagram(datagram, kPortA); }
+  void to_b(const Bytes& datagram) { b.qp.handle_datagram(datagram, kIpA, kPortA); }
   // A's datagrams to B; `keep` (packet index, view) false drops one.
   std::size_t send_a_to_b(const std::function<bool(std::size_t, const w::PacketView&)>& keep = {}) {
     const auto datagrams = drain_a();
@@ -376,7 +376,7 @@ TEST_F(UcQueuePairTest, ErrorFlushesEveryOutstandingWr) {
   EXPECT_EQ(a.scq.wcs.back().status, WcStatus::wr_flush_error);
   EXPECT_EQ(a.rcq.wcs.back().wr_id, 12u);
   const std::uint64_t before = a.qp.stats().dropped_not_ready;
-  a.qp.handle_datagram(Bytes(64, 0), kPortB);
+  a.qp.handle_datagram(Bytes(64, 0), kIpB, kPortB);
   EXPECT_EQ(a.qp.stats().dropped_not_ready, before + 1);
 }
 
@@ -412,7 +412,7 @@ TEST_F(UcQueuePairTest, BadLkeyAndTooSmallReceiveCompleteInErrorAndMoveToError) 
   ASSERT_TRUE(b.recv(2, {dst.sge(0, 100)}).has_value());
   ASSERT_TRUE(c.post(1, WrOpcode::send, {csrc.sge(0, 300)}).has_value());
   RcDatagram d;
-  while (c.qp.poll_datagram(d)) b.qp.handle_datagram(flatten(d), kPortA);
+  while (c.qp.poll_datagram(d)) b.qp.handle_datagram(flatten(d), kIpA, kPortA);
   ASSERT_EQ(b.rcq.wcs.size(), 2u);
   EXPECT_EQ(b.rcq.wcs[0].wr_id, 1u);
   EXPECT_EQ(b.rcq.wcs[0].status, WcStatus::local_length_error);
@@ -475,8 +475,10 @@ TEST_F(UcQueuePairTest, HostileDatagramsAreDroppedAndCounted) {
   corrupted[w::kBthSize + 3] ^= 0xFF;
   to_b(corrupted);
   EXPECT_EQ(b.qp.stats().dropped_bad_icrc, 1u);
-  b.qp.handle_datagram(good, kPortA + 1);  // another source port: ICRC fails
+  b.qp.handle_datagram(good, kIpA, kPortA + 1);  // another source port: ICRC fails
   EXPECT_EQ(b.qp.stats().dropped_bad_icrc, 2u);
+  b.qp.handle_datagram(good, std::array<std::uint8_t, 4>{10, 0, 0, 66}, kPortA);  // another address, a valid ICRC
+  EXPECT_EQ(b.qp.stats().dropped_foreign_source, 1u);
   to_b(Bytes(good.begin(), good.begin() + 10));  // truncated
   to_b(reencode([](w::PacketHeaders& h) { h.bth.destination_qp = 0x99; }));
   to_b(reencode([](w::PacketHeaders& h) { h.bth.opcode = w::Opcode::rc_send_only; }));
@@ -490,7 +492,7 @@ TEST_F(UcQueuePairTest, HostileDatagramsAreDroppedAndCounted) {
   to_b(good);
   ASSERT_EQ(b.rcq.wcs.size(), 1u);
   EXPECT_EQ(b.rcq.wcs[0].byte_len, 32u);
-  EXPECT_EQ(b.qp.stats().datagrams_received, 9u);
+  EXPECT_EQ(b.qp.stats().datagrams_received, 10u);
 }
 
 TEST(UcQueuePairSrq, SendsTakeTheSharedQueuesReceivesInPostingOrder) {
@@ -517,7 +519,7 @@ TEST(UcQueuePairSrq, SendsTakeTheSharedQueuesReceivesInPostingOrder) {
   ASSERT_TRUE(a.post(10, WrOpcode::send, {src.sge(0, 20)}).has_value());
   ASSERT_TRUE(a.post(11, WrOpcode::send, {src.sge(0, 32)}).has_value());
   RcDatagram d;
-  while (a.qp.poll_datagram(d)) b.handle_datagram(flatten(d), kPortA);  // B in RTR: it receives
+  while (a.qp.poll_datagram(d)) b.handle_datagram(flatten(d), kIpA, kPortA);  // B in RTR: it receives
   ASSERT_EQ(rcq.wcs.size(), 2u);
   EXPECT_EQ(rcq.wcs[0].wr_id, 1u);
   EXPECT_EQ(rcq.wcs[0].byte_len, 20u);
@@ -528,10 +530,10 @@ TEST(UcQueuePairSrq, SendsTakeTheSharedQueuesReceivesInPostingOrder) {
 
 TEST(UcQueuePairState, DatagramsBeforeRtrAreDropped) {
   UcNode node(kQpnB, 1);
-  node.qp.handle_datagram(Bytes(40, 0), kPortA);
+  node.qp.handle_datagram(Bytes(40, 0), kIpA, kPortA);
   EXPECT_EQ(node.qp.stats().dropped_not_ready, 1u);
   ASSERT_TRUE(node.qp.to_init().has_value());
-  node.qp.handle_datagram(Bytes(40, 0), kPortA);
+  node.qp.handle_datagram(Bytes(40, 0), kIpA, kPortA);
   EXPECT_EQ(node.qp.stats().dropped_not_ready, 2u);
   EXPECT_EQ(node.qp.state(), QpState::init);
 }
