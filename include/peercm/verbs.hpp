@@ -52,6 +52,13 @@ struct RoceOptions {
   // then leaves with in one batch; only while the traffic alternates (docs/roce-transport.md).
   // Zero: every ACK leaves at once.
   std::chrono::microseconds ack_delay{50};
+  // Keepalive of connections the CM made: after this long without a packet from the peer,
+  // an idle RC QP probes it every local ACK timeout, and retry_cnt + 1 unanswered probes end
+  // the connection (DISCONNECTED; the QP's work flushes). A dead peer is noticed within this
+  // interval + 8 x 67 ms with the CM's defaults (docs/roce-transport.md, "Dead peers").
+  // Zero: none, as RC hardware. QPs connected by modify_qp have none either: without a CM
+  // nobody would be told.
+  std::chrono::milliseconds keepalive_interval{2000};
   RoceFaults faults;
 };
 

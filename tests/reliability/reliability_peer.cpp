@@ -13,6 +13,8 @@
 //                                         colliding Request, reports the answer
 //   flood <port> <total> <window> <rate>  <total> TCP connects at <rate>/s, the last
 //                                         <window> held open and silent
+//   roce-client <address> <port>          peercm RoCE client (client/server model) that
+//                                         connects to <address>:<port> and then idles
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
@@ -107,6 +109,26 @@ int mpa_initiator(std::uint16_t port) {
   (void)id->create_qp(*pd, qp_attr(*cq));
   if (!id->connect({})) die("connect");
   say("connecting");
+  block();
+}
+
+int roce_client(const char* address, std::uint16_t port) {
+  auto context = std::move(Context::open().value());
+  auto channel = std::move(EventChannel::create().value());
+  auto pd = std::move(ProtectionDomain::allocate(*context).value());
+  auto cq = std::move(CompletionQueue::create(*context, 64).value());
+  auto id = std::move(CmId::create(*context, *channel, nullptr, Transport::roce).value());
+  (void)id->set_option(CmOption::peer_to_peer, 0);
+  sockaddr_in server = loopback(port);
+  if (::inet_pton(AF_INET, address, &server.sin_addr) != 1) die("address");
+  (void)id->resolve_addr(server);
+  next_event(*channel, CmEventType::addr_resolved);
+  (void)id->resolve_route();
+  next_event(*channel, CmEventType::route_resolved);
+  (void)id->create_qp(*pd, qp_attr(*cq));
+  if (!id->connect({})) die("connect");
+  next_event(*channel, CmEventType::established);
+  say("established");
   block();
 }
 
@@ -252,6 +274,7 @@ int main(int argc, char** argv) {
   if (args.size() == 2 && args[0] == "half-request") return half_request(port_arg(argv[2]));
   if (args.size() == 2 && args[0] == "mpa-initiator") return mpa_initiator(port_arg(argv[2]));
   if (args.size() == 1 && args[0] == "mpa-responder") return mpa_responder();
+  if (args.size() == 3 && args[0] == "roce-client") return roce_client(argv[2], port_arg(argv[3]));
   if (args.size() == 4 && args[0] == "rdma-server")
     return rdma_server(args[1], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
   if (args.size() == 4 && args[0] == "p2p-collide")

@@ -71,6 +71,7 @@ bool start_queue_pair(CmIdImpl& id, const IbCmAgentEvent& event) {
   params.remote_ip = event.peer_address;
   params.udp_source_port = qp.source_port;
   params.ack_delay = device_of(*id.ctx).options().ack_delay;
+  params.keepalive_interval = device_of(*id.ctx).options().keepalive_interval;
   return qp.rc.connect(params, now()).has_value();
 }
 

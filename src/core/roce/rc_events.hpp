@@ -51,6 +51,7 @@ struct RcStats {
   std::uint64_t rnr_naks_received = 0;
   std::uint64_t duplicate_requests = 0;
   std::uint64_t read_replays = 0;
+  std::uint64_t keepalive_probes = 0;
 };
 
 // The send-CQ status of the WR that failed. peercm's WcStatus has no RETRY_EXC_ERR /

@@ -45,6 +45,13 @@ struct RcConnectParams {
   // the ACK a message asked for waits for our next request and leaves right behind it, in
   // the same batch; it leaves after this long at the latest. Zero: every ACK at once.
   Duration ack_delay{};
+  // Keepalive (docs/roce-transport.md, "Dead peers"): after this long without a valid
+  // packet from the peer while no request of ours awaits an ACK, the requester sends a probe
+  // every local ACK timeout: a zero-length RDMA WRITE with the PSN before its next one,
+  // which any responder takes for a duplicate and answers with an ACK (§2.10), and which
+  // changes nothing at either end. retry_cnt + 1 probes unanswered move the QP to ERROR
+  // with retry_exceeded. Zero: no keepalive, as RC hardware.
+  Duration keepalive_interval{};
   // The ICRC pseudo-header (§1.4, §1.5): our packets leave from local_ip:udp_source_port
   // to remote_ip:4791 with IPv4 identification 0 and DF; inbound ones are verified the same
   // way, with the source port the datagram arrived from.

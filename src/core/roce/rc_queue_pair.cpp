@@ -132,6 +132,7 @@ Status<std::errc> RcQueuePair::connect(const RcConnectParams& params, Time now) 
   rnr_retries_left_ = params.rnr_retry;
   epsn_ = params.recv_psn;
   if (state_ != QpState::error) state_ = QpState::rts;
+  heard_from_peer();
   return {};
 }
 
@@ -186,6 +187,7 @@ void RcQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, con
     ++stats_.dropped_malformed;
     return;
   }
+  heard_from_peer();  // only a packet that passed every check above
   if (w::is_request(bth.opcode))
     handle_request(*packet);
   else
@@ -198,6 +200,7 @@ void RcQueuePair::handle_timeout(Time now) {
   if (state_ == QpState::error) return;
   if (rnr_until_ && now_ >= *rnr_until_) rnr_until_.reset();
   if (ack_deadline_ && now_ >= *ack_deadline_) requester_timeout();
+  if (keepalive_due_ && now_ >= *keepalive_due_) keepalive_timeout();
   after_input();
 }
 
@@ -211,6 +214,7 @@ std::optional<Time> RcQueuePair::next_deadline() const {
   std::optional<Time> next = ack_deadline_;
   if (rnr_until_ && (!next || *rnr_until_ < *next)) next = rnr_until_;
   if (ack_held() && (!next || *ack_hold_until_ < *next)) next = ack_hold_until_;
+  if (keepalive_due_ && (!next || *keepalive_due_ < *next)) next = keepalive_due_;
   return next;
 }
 
@@ -231,6 +235,8 @@ void RcQueuePair::enter_error(const RcEvent& event) {
   event_ = event;
   ack_deadline_.reset();
   rnr_until_.reset();
+  keepalive_due_.reset();
+  probe_owed_ = false;
   // Answers the responder already owes (and its final NAK) still leave after its own
   // error, so that the peer learns why; any other error ends the conversation.
   const bool responder_cause = event.cause == RcErrorCause::invalid_request ||

@@ -160,6 +160,9 @@ class RcQueuePair {
   void fail_requester(RcErrorCause cause, std::uint32_t psn);
   void requester_timeout();
   void restart_ack_timer();
+  void heard_from_peer();
+  void keepalive_timeout();
+  bool next_keepalive_probe(TxPlan& plan);
 
   // rc_responder.cpp
   void handle_request(const wire::roce::PacketView& packet);
@@ -214,6 +217,10 @@ class RcQueuePair {
   // Where the last NAK, timeout or implicit NAK sent us back: further ones for the same
   // PSN before progress are echoes of the same loss and are not retried again.
   std::optional<std::uint32_t> went_back_to_;
+  // keepalive (RcConnectParams::keepalive_interval)
+  std::optional<Time> keepalive_due_;
+  std::uint32_t probes_unanswered_ = 0;
+  bool probe_owed_ = false;
 
   // responder
   ReceiveQueue rq_;

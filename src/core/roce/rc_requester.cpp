@@ -261,6 +261,48 @@ void RcQueuePair::requester_timeout() {
   restart_ack_timer();
 }
 
+// ---------------------------------------------------------------- keepalive
+
+// A valid packet from the peer: it is alive; the next probe is an interval away.
+void RcQueuePair::heard_from_peer() {
+  probes_unanswered_ = 0;
+  if (params_.keepalive_interval > Duration::zero() && state_ != QpState::error)
+    keepalive_due_ = now_ + params_.keepalive_interval;
+}
+
+void RcQueuePair::keepalive_timeout() {
+  keepalive_due_.reset();
+  // A request awaiting its ACK has the ACK timer and retry_cnt watching the peer already.
+  if (una_psn_ != sent_end_psn_ || ack_timeout_ == Duration::zero()) {
+    keepalive_due_ = now_ + params_.keepalive_interval;
+    return;
+  }
+  if (probes_unanswered_ > params_.retry_cnt) {
+    fail_requester(RcErrorCause::retry_exceeded, una_psn_);
+    return;
+  }
+  ++probes_unanswered_;
+  probe_owed_ = true;
+  keepalive_due_ = now_ + ack_timeout_;
+}
+
+// The probe: a zero-length RDMA WRITE ONLY with AckReq and the PSN before our next one.
+// The responder has seen that PSN (or it precedes the first it expects), so it is a
+// duplicate there: not executed, answered with an ACK of ePSN - 1 (§2.10). No R_Key is
+// checked for a zero-length transfer, and no completion appears at either end.
+bool RcQueuePair::next_keepalive_probe(TxPlan& plan) {
+  if (!probe_owed_ || state_ != QpState::rts) return false;
+  probe_owed_ = false;
+  ++stats_.keepalive_probes;
+  plan = TxPlan{};
+  plan.headers.bth.opcode = w::Opcode::rc_rdma_write_only;
+  plan.headers.bth.destination_qp = params_.remote_qpn;
+  plan.headers.bth.psn = w::psn_sub(sent_end_psn_, 1);
+  plan.headers.bth.ack_request = true;
+  plan.headers.reth = w::Reth{};
+  return true;
+}
+
 void RcQueuePair::fail_requester(RcErrorCause cause, std::uint32_t psn) {
   SendEntry* entry = entry_with_psn(psn);
   RcEvent event{cause, psn, 0, false};

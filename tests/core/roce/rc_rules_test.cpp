@@ -313,6 +313,62 @@ TEST(RcRules, RnrRetryExhaustedFailsTheWrAndFlushesTheRest) {
   EXPECT_EQ(wire.a.qp.state(), QpState::error);
 }
 
+// Keepalive: an idle pair probes each other and stays connected, with nothing completed,
+// consumed or moved at either end; once B is gone, A ends with retry_exceeded after the
+// interval and retry_cnt + 1 unanswered probes, one local ACK timeout apart.
+TEST(RcRules, KeepaliveProbesAnIdlePeerAndEndsTheQpOnceThePeerIsGone) {
+  using std::chrono::milliseconds;
+  PairParams p = pair_params();
+  p.a.keepalive_interval = p.b.keepalive_interval = milliseconds(500);
+  p.a.retry_cnt = 2;
+  Wire wire(p);
+  Mr own = wire.b.reg(64);
+  ASSERT_TRUE(wire.b.recv(7, {own.sge(0, 64)}));
+  wire.run(milliseconds(2200));  // four intervals: probes go both ways and are answered
+  EXPECT_GE(wire.a.qp.stats().keepalive_probes, 3u);
+  EXPECT_GE(wire.b.qp.stats().keepalive_probes, 3u);
+  EXPECT_EQ(wire.b.qp.stats().duplicate_requests, wire.a.qp.stats().keepalive_probes);
+  EXPECT_EQ(wire.a.qp.state(), QpState::rts);
+  EXPECT_EQ(wire.b.qp.state(), QpState::rts);
+  EXPECT_TRUE(wire.a.scq.wcs.empty() && wire.a.rcq.wcs.empty());
+  EXPECT_TRUE(wire.b.scq.wcs.empty() && wire.b.rcq.wcs.empty());
+  EXPECT_EQ(wire.b.qp.recv_queue_size(), 1u);  // the probe took no receive
+  EXPECT_TRUE(wire.a.events().empty());
+  // Then B stops answering; the traffic still works before that.
+  Mr src = wire.a.reg(64);
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 10)}, kSendSignaled));
+  wire.settle();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+  const Time gone = wire.now;
+  wire.filter = [](int from, const w::PacketView&) { return from != 1; };
+  // Step deadline by deadline (B keeps probing) until A gives up.
+  while (wire.a.qp.state() != QpState::error && wire.now - gone < std::chrono::seconds(10)) {
+    wire.settle();
+    std::optional<Time> next = wire.a.qp.next_deadline();
+    if (auto nb = wire.b.qp.next_deadline(); nb && (!next || *nb < *next)) next = nb;
+    if (!next) break;
+    wire.now = std::max(wire.now, *next);
+    wire.a.qp.handle_timeout(wire.now);
+    wire.b.qp.handle_timeout(wire.now);
+  }
+  const auto events = wire.a.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].cause, RcErrorCause::retry_exceeded);
+  EXPECT_EQ(wire.a.qp.state(), QpState::error);
+  // The bound: the interval, then retry_cnt + 1 probes a local ACK timeout apart.
+  const Duration bound = milliseconds(500) + 3 * local_ack_timeout_duration(12);
+  EXPECT_LE(wire.now - gone, bound);
+  EXPECT_GE(wire.now - gone, milliseconds(500));
+}
+
+TEST(RcRules, WithoutKeepaliveAnIdleQpSendsNothingAndHasNoDeadline) {
+  Wire wire;
+  wire.run(std::chrono::seconds(30));
+  EXPECT_EQ(wire.a.qp.next_deadline(), std::nullopt);
+  EXPECT_EQ(wire.a.qp.stats().datagrams_sent + wire.b.qp.stats().datagrams_sent, 0u);
+}
+
 TEST(RcRules, RetryExceededWhenThePeerIsGone) {
   PairParams p = pair_params();
   p.a.retry_cnt = 3;
