@@ -295,28 +295,6 @@ void start_connecting(CmIdImpl& id, core::ibcm::IbCmId agent_id, std::uint32_t p
   device.pump();
 }
 
-// design.md §3 rule 5 makes connect() EALREADY while the peer's request with our key is
-// undecided. When that request is still a CONNECT_REQUEST the application has not fetched
-// (the peer's REQ simply arrived first), the iWARP binding takes it back and lets the
-// attempt meet it; here the attempt answers it: the request's agent id becomes the
-// attempt's, accepted with the attempt's QP, and the application sees ESTABLISHED on the
-// id it connected with, the peer on its own attempt. One connection either way.
-Status<std::errc> adopt_unseen_request(CmIdImpl& id, RocePort& port, const ConnParam& param,
-                                       std::optional<CmEvent>& retracted) {
-  RoceDevice& device = device_of(*id.ctx);
-  auto request = device.find_p2p_request(st(id).address, ntohl(id.destination.sin_addr.s_addr), id.tag);
-  if (!request) return fail(std::errc::connection_already_in_progress);
-  retracted = request->channel->retract_request(request->owner);
-  if (!retracted) return fail(std::errc::connection_already_in_progress);  // the application has it
-  const core::ibcm::IbCmId agent_id = st(*request).agent_id;
-  end_agent_id(*request);
-  request->state = CmIdImpl::State::idle;
-  const core::ibcm::IbCmAcceptParams reply = reply_params(id, param);
-  if (auto accepted = port.agent.accept(agent_id, reply, now()); !accepted) return fail(accepted.error());
-  start_connecting(id, agent_id, reply.starting_psn, param);
-  return {};
-}
-
 // rdma_connect/rdma_accept without the id's own QP: the QueuePair::create one that
 // `qp_num` names gets its RC core now (rping -q). A number that names no QP of the context
 // makes a connection of the CM exchange alone, as rdma_cm over IB allows.
@@ -388,9 +366,18 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
   request.path_mtu = static_cast<std::uint8_t>(path_mtu_between(st(id).address, ntohl(id.destination.sin_addr.s_addr)));
   request.private_data = param.private_data;
   request.connect_timeout = std::chrono::milliseconds(id.connect_timeout_ms);  // CmOption::connect_timeout
-  auto agent_id = port->agent.connect(request, now());
-  if (!agent_id && agent_id.error() == std::errc::connection_already_in_progress && id.peer_to_peer)
-    return adopt_unseen_request(id, *port, param, retracted);
+  // R5's unseen-request rule (docs/p2p.md, Rules): the agent's resolver decides; taking the
+  // CONNECT_REQUEST back from the application is the only part that is ours.
+  auto take_back = [&device, &id, &retracted](core::ibcm::IbCmId request_id) {
+    auto unseen = device.find_id(st(id).address, request_id);
+    if (!unseen || unseen->state != CmIdImpl::State::request_received) return false;
+    retracted = unseen->channel->retract_request(unseen->owner);
+    if (!retracted) return false;  // the application has it: EALREADY stands
+    end_agent_id(*unseen);
+    unseen->state = CmIdImpl::State::idle;
+    return true;
+  };
+  auto agent_id = port->agent.connect(request, now(), take_back);
   if (!agent_id) return fail(agent_id.error());
   start_connecting(id, *agent_id, request.starting_psn, param);
   return {};

@@ -61,7 +61,7 @@ void IbCmAgent::listen(std::uint16_t port) { listeners_.insert(port); }
 
 void IbCmAgent::stop_listening(std::uint16_t port) { listeners_.erase(port); }
 
-Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Time now) {
+Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Time now, const TakeBack& take_back) {
   const std::size_t max = params.peer_to_peer ? kMaxP2pConnectPrivateData : kMaxConnectPrivateData;
   if (params.private_data.size() > max || params.qpn > 0xFFFFFF) return fail(std::errc::invalid_argument);
   if (params.peer_to_peer && attempts_.contains(params.qpn)) return fail(std::errc::invalid_argument);
@@ -97,11 +97,22 @@ Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Ti
             .params = params};
   LinkId link = 0;
   if (params.peer_to_peer) {
-    // design.md §3 rule 5 before anything goes out: EISCONN / EALREADY.
+    // R5 (docs/p2p.md, Rules) before anything goes out: EISCONN / EALREADY, or the
+    // unseen-request rule.
     link = next_link_++;
     const Duration timeout = params.connect_timeout.value_or(config_.connect_timeout);
-    if (auto status = resolver_.connect(record.key, params.qpn, link, now + timeout); !status) {
+    auto take_back_link = [this, &take_back](LinkId request_link) { return take_back_request(request_link, take_back); };
+    if (auto status = resolver_.connect(record.key, params.qpn, link, now + timeout, now, take_back_link); !status) {
       return fail(status.error());
+    }
+    if (!resolver_.attempt_dials(params.qpn, link)) {
+      // A taken-back REQ that wins R3 binds the attempt at once: our REQ never goes out.
+      const IbCmId id = next_id_++;
+      attempts_[params.qpn] = id;
+      record.pending_attempt = true;
+      ids_.emplace(id, std::move(record));
+      drain_resolver(now);
+      return id;
     }
   }
   const std::uint32_t comm = new_conn();

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -32,6 +33,7 @@
 
 #include "core/ibcm/ibcm_connection.hpp"
 #include "core/ibcm/ibcm_types.hpp"
+#include "core/p2p_executor.hpp"
 #include "core/p2p_resolver.hpp"
 #include "core/time.hpp"
 #include "wire/ibcm/cm_sidr.hpp"
@@ -158,7 +160,7 @@ struct IbCmAgentStats {
   std::uint64_t sidr_no_service = 0;     // answered with status service_unsupported
 };
 
-class IbCmAgent {
+class IbCmAgent : private P2pBinding {
  public:
   explicit IbCmAgent(const IbCmAgentConfig& config);
 
@@ -166,9 +168,12 @@ class IbCmAgent {
   // REQs for `port` in rdma_cm's TCP port space reach this node; others get REJ 8 (§6).
   void listen(std::uint16_t port);
   void stop_listening(std::uint16_t port);
-  // p2p: EISCONN / EALREADY per design.md §3 rule 5; EINVAL for too much private data, a field
-  // the REQ cannot carry, or a QPN another pending attempt uses.
-  Result<IbCmId, std::errc> connect(const IbCmConnectParams& params, Time now);
+  // p2p: EISCONN / EALREADY per docs/p2p.md, Rules, R5; EINVAL for too much private data, a
+  // field the REQ cannot carry, or a QPN another pending attempt uses. `take_back` is R5's
+  // unseen-request question: take the connect_request of id `request` back from the application
+  // if it has not fetched it (true); the resolver then lets its REQ meet the attempt (R3).
+  using TakeBack = std::function<bool(IbCmId request)>;
+  Result<IbCmId, std::errc> connect(const IbCmConnectParams& params, Time now, const TakeBack& take_back = {});
   // SIDR: a UD service id for `params.port`: its SIDR_REQs reach this node's UDP listeners.
   void listen_datagram(std::uint16_t port);
   void stop_listening_datagram(std::uint16_t port);
@@ -221,6 +226,8 @@ class IbCmAgent {
     LinkId link = 0;   // p2p: the resolver's name for this connection's REQ exchange
     std::optional<RemoteKey> remote;           // indexed in by_remote_
     std::optional<Time> indexed_deadline;      // indexed in timers_
+    // A delivered p2p REQ (REQ_RCVD): kept so that R5's unseen-request rule can take it back.
+    std::optional<std::array<std::uint8_t, wire::ibcm::kMadSize>> request_mad;
   };
 
   struct Id {
@@ -298,19 +305,21 @@ class IbCmAgent {
   // ibcm_agent_p2p.cpp: the resolver binding
   void on_p2p_req(const wire::ibcm::CmReq& req, std::span<const std::uint8_t> mad, const P2pKey& key,
                   std::uint64_t incarnation, Time now);
-  void drain_resolver(Time now);
-  void apply(const P2pAction& action, Time now);
-  void deliver(const P2pAction& action, Time now);
-  void bind(const P2pAction& action, Time now);
-  void drop_request(const P2pAction& action, Time now);
-  void teardown(const P2pAction& action, Time now);
-  void attempt_failed(const P2pAction& action, Time now);
+  void drain_resolver(Time now) { executor_.run(resolver_, *this, now); }
+  bool take_back_request(LinkId link, const TakeBack& take_back);
+  // P2pBinding: the resolver's actions over the IB CM (docs/p2p.md, Rules)
+  void deliver_request(const P2pAction& action, Time now) override;
+  void accept_into_attempt(const P2pAction& action, Time now) override;
+  void reject_request(const P2pAction& action, Time now) override;
+  void teardown_link(const P2pAction& action, Time now) override;
+  void attempt_failed(const P2pAction& action, Time now) override;
   std::optional<PendingRequest> take_pending(LinkId link);
   std::vector<std::uint8_t> reply_private_data(std::uint32_t tag, std::span<const std::uint8_t> application) const;
 
   IbCmAgentConfig config_;
   Gid gid_;
   P2pResolver resolver_;
+  P2pExecutor executor_;
   std::set<std::uint16_t> listeners_;
   std::map<std::uint32_t, Conn> conns_;        // by local comm ID
   std::map<IbCmId, Id> ids_;
@@ -324,7 +333,6 @@ class IbCmAgent {
   std::uint32_t next_comm_id_;
   IbCmId next_id_ = 1;
   LinkId next_link_ = 1;
-  bool draining_ = false;
   std::vector<OutboundMad> mads_;
   std::size_t next_mad_ = 0;
   std::vector<IbCmAgentEvent> events_;
