@@ -180,15 +180,26 @@ class Wire {
 
 // --- client/server ---
 
-TEST(IwarpCmAgent, RequestIsDeliveredAcceptedAndEstablishedOnBothSides) {
+// A server node and a client node without a listener; the client has connected and the
+// server's application holds the CONNECT_REQUEST.
+struct ClientServer : ::testing::Test {
   Wire wire;
-  const auto server = wire.add(1, 0x0A000001, 7001);
-  const auto client = wire.add(2, 0x0A000002, 0);
-  auto id = wire.nodes[client].agent->connect(wire.to(server, false, 1), wire.now);
-  ASSERT_TRUE(id);
-  wire.run();
-  const std::optional<IwarpCmEvent> request = wire.nodes[server].first(EventKind::connect_request);
-  ASSERT_NE(request, std::nullopt);
+  std::size_t server = wire.add(1, 0x0A000001, 7001);
+  std::size_t client = wire.add(2, 0x0A000002, 0);
+  IwarpCmId id = 0;
+  std::optional<IwarpCmEvent> request;
+
+  void SetUp() override {
+    auto made = wire.nodes[client].agent->connect(wire.to(server, false, 1), wire.now);
+    ASSERT_TRUE(made);
+    id = *made;
+    wire.run();
+    request = wire.nodes[server].first(EventKind::connect_request);
+    ASSERT_NE(request, std::nullopt);
+  }
+};
+
+TEST_F(ClientServer, RequestIsDeliveredAcceptedAndEstablishedOnBothSides) {
   EXPECT_EQ(request->private_data, (std::vector<std::uint8_t>{1, 2, 3}));
   EXPECT_FALSE(request->peer_to_peer);
   EXPECT_EQ(wire.nodes[server].agent->backlog_of(wire.nodes[server].listener).pending, 1u);
@@ -196,27 +207,19 @@ TEST(IwarpCmAgent, RequestIsDeliveredAcceptedAndEstablishedOnBothSides) {
   wire.run();
   EXPECT_EQ(wire.nodes[server].agent->backlog_of(wire.nodes[server].listener).pending, 0u);
   EXPECT_EQ(wire.nodes[server].count(EventKind::established, request->id), 1u);
-  ASSERT_EQ(wire.nodes[client].count(EventKind::established, *id), 1u);
+  ASSERT_EQ(wire.nodes[client].count(EventKind::established, id), 1u);
   EXPECT_EQ(wire.nodes[client].first(EventKind::established)->private_data, std::vector<std::uint8_t>{7});
   EXPECT_EQ(wire.nodes[client].started.size(), 1u);
   EXPECT_EQ(wire.nodes[server].started.size(), 1u);
 }
 
-TEST(IwarpCmAgent, ApplicationRejectReachesTheInitiatorWithItsBytesAndFreesTheBacklog) {
-  Wire wire;
-  const auto server = wire.add(1, 0x0A000001, 7001);
-  const auto client = wire.add(2, 0x0A000002, 0);
-  auto id = wire.nodes[client].agent->connect(wire.to(server, false, 1), wire.now);
-  ASSERT_TRUE(id);
-  wire.run();
-  const std::optional<IwarpCmEvent> request = wire.nodes[server].first(EventKind::connect_request);
-  ASSERT_NE(request, std::nullopt);
+TEST_F(ClientServer, ApplicationRejectReachesTheInitiatorWithItsBytesAndFreesTheBacklog) {
   const std::vector<std::uint8_t> why{0xAB, 0xCD};
   ASSERT_TRUE(wire.nodes[server].agent->reject(request->id, why, wire.now));
   wire.run();
   const std::optional<IwarpCmEvent> rejected = wire.nodes[client].first(EventKind::rejected);
   ASSERT_NE(rejected, std::nullopt);
-  EXPECT_EQ(rejected->id, *id);
+  EXPECT_EQ(rejected->id, id);
   EXPECT_EQ(rejected->status, ECONNREFUSED);
   EXPECT_EQ(rejected->reason, IwarpEndReason::application);
   EXPECT_EQ(rejected->private_data, why);

@@ -1,4 +1,4 @@
-// The p2p collision resolver (design.md §3), one rule at a time. The deterministic simulation in
+// The p2p collision resolver (docs/p2p.md, Rules), one rule at a time. The deterministic simulation in
 // tests/sim drives the same core over hundreds of thousands of schedules; these pin each rule.
 #include "core/p2p_resolver.hpp"
 

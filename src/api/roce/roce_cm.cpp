@@ -130,17 +130,8 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   child_impl->bound_address = socket_address(port.address, event.service_port);
   child_impl->peer = socket_address(from_bytes(event.peer_address), event.port);
   device.track_id(port.address, event.id, child_impl);
-  std::unique_ptr<CmId> child = CmIdImpl::make_public(child_impl);
-  CmEvent out;
-  out.type = CmEventType::connect_request;
-  out.id = child.get();
-  out.listen_id = listener->owner;
-  out.param = event_param(event);
-  out.new_id = std::move(child);
-  PEERCM_LOG(info, "cm", "id {} (roce, listener): CONNECT_REQUEST from {} as new id {} ({})", listener->number,
-            log::address(child_impl->peer), child_impl->number,
-            event.datagram ? "SIDR" : event.peer_to_peer ? "p2p" : "client/server");
-  child_impl->channel->push(std::move(out));
+  listener->push_connect_request(child_impl, event_param(event),
+                                 event.datagram ? "SIDR" : event.peer_to_peer ? "p2p" : "client/server");
 }
 
 RejectReason reject_reason(std::uint16_t reason) {
@@ -354,8 +345,8 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
   core::ibcm::IbCmConnectParams request;
   request.destination = to_bytes(ntohl(id.destination.sin_addr.s_addr));
   request.port = ntohs(id.destination.sin_port);
-  // The rdma_cm header's source port: a p2p key's port is the node's listener (design.md §3
-  // rule 2); a client/server REQ carries the id's own port, the passive side's peer port.
+  // The rdma_cm header's source port: a p2p key's port is the node's listener (docs/p2p.md
+  // R2); a client/server REQ carries the id's own port, the passive side's peer port.
   request.source_port = id.peer_to_peer ? device.p2p_listen_port : ntohs(id.bound_address->sin_port);
   request.tag = id.tag;
   request.peer_to_peer = id.peer_to_peer;

@@ -201,7 +201,7 @@ Status<std::errc> IbCmAgent::disconnect(IbCmId id, Time now) {
   record->phase = Id::Phase::closing;
   if (conn.link != 0) {
     // The application gave the connection up: its p2p key is free for a new connect at once
-    // (design.md §3 rule 5 counts connections, not DREQ exchanges).
+    // (docs/p2p.md R5 counts connections, not DREQ exchanges).
     if (record->p2p) resolver_.handle_link_closed(conn.link);
     link_conn_.erase(conn.link);
     conn.link = 0;
@@ -331,7 +331,7 @@ void IbCmAgent::on_req(const w::CmReq& req, std::uint64_t tid, std::span<const s
   }
   const std::uint32_t source = to_u32(w::CmaHeader::ipv4_of(cma->header.source_ip));
   if (auto p2p = decode_p2p_header(cma->application_data)) {
-    // design.md §3 rule 2: the key is (source address, advertised listening port, tag).
+    // docs/p2p.md R2: the key is (source address, advertised listening port, tag).
     const P2pKey key{.address = source, .port = cma->header.source_port, .tag = p2p->header.tag};
     on_p2p_req(req, mad, key, p2p->header.incarnation, now);
     return;
@@ -617,7 +617,7 @@ void IbCmAgent::on_conn_event(std::uint32_t comm, const IbCmEvent& event, Time n
   }
 }
 
-// Establishment failed on `comm`: the application hears of it unless design.md §3 rule 3 says
+// Establishment failed on `comm`: the application hears of it unless docs/p2p.md R3 says
 // the attempt lives on.
 void IbCmAgent::conn_failed(std::uint32_t comm, EventKind kind, const IbCmEvent& event) {
   Conn& conn = conns_.at(comm);

@@ -2,9 +2,9 @@
 // inbound CM MAD to its connection (roce-ibcm-wire.md §4.6 lookup: REQs by the sender's (CA GUID,
 // comm ID), then by Service ID to a listener; everything else by our comm ID), allocates comm
 // IDs, answers what belongs to no connection (REJ 8, REJ 10, DREP), and binds the peer-to-peer
-// model of design.md §3 to the IB CM through the transport-independent P2pResolver.
+// model of docs/p2p.md to the IB CM through the transport-independent P2pResolver.
 //
-// p2p binding (design.md §3 rule 3, wire sheet §5): a p2p REQ carries the peercm p2p header
+// p2p binding (docs/p2p.md R3, wire sheet §5): a p2p REQ carries the peercm p2p header
 // (ibcm_p2p_header.hpp). Each REQ exchange is one resolver link. The collision order is the
 // resolver's: node GUID = CA GUID, attempt id = QPN. The active peer drops the losing REQ and its
 // copies silently; the passive peer's REQ_SENT connection takes the peer's REQ (its REQ stops,
@@ -47,7 +47,7 @@ struct IbCmAgentConfig {
   NodeIdentity identity;  // guid = the CA GUID of every REQ/REP; incarnation: random per open
   Ipv4Address address{};  // our IPv4 address; the GID is ::ffff:a.b.c.d (§1.1)
   IbCmTiming timing;
-  Duration connect_timeout = std::chrono::seconds(30);  // design.md §3 rule 8, p2p attempts
+  Duration connect_timeout = std::chrono::seconds(30);  // docs/p2p.md R8, p2p attempts
   std::uint32_t first_comm_id = 1;  // comm IDs count up from here (random per open, §4.6)
   std::uint32_t tid_high = 1;       // the upper 32 bits of the TIDs this agent starts (§3.3)
 };
@@ -62,7 +62,7 @@ struct IbCmConnectParams {
   Ipv4Address destination{};
   std::uint16_t port = 0;  // the service: rdma_cm's TCP port space (§6)
   // The port this node listens on, sent as the rdma_cm header's source port: p2p keys are
-  // (peer address, its listening port, tag) (design.md §3 rule 2). 0: `port`.
+  // (peer address, its listening port, tag) (docs/p2p.md R2). 0: `port`.
   std::uint16_t source_port = 0;
   std::uint32_t tag = 0;
   bool peer_to_peer = true;
@@ -74,7 +74,7 @@ struct IbCmConnectParams {
   std::uint8_t rnr_retry_count = 7;
   std::uint8_t path_mtu = 3;
   std::vector<std::uint8_t> private_data;  // ≤ 56, or ≤ 36 with peer_to_peer
-  // A p2p attempt's deadline (design.md §3 rule 8), from connect(); none: the agent's
+  // A p2p attempt's deadline (docs/p2p.md R8), from connect(); none: the agent's
   // IbCmAgentConfig::connect_timeout.
   std::optional<Duration> connect_timeout;
 };

@@ -1,4 +1,4 @@
-// Peer-to-peer over the IB CM (design.md §3, roce-ibcm-wire.md §5): REQ/REQ collisions resolved
+// Peer-to-peer over the IB CM (docs/p2p.md, roce-ibcm-wire.md §5): REQ/REQ collisions resolved
 // by (CA GUID, QPN) through the P2pResolver, the silent drop and the passive takeover, rule 5,
 // restarts (new incarnation) and late duplicates (rule 6).
 #include <gtest/gtest.h>
