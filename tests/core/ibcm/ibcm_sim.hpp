@@ -1,4 +1,4 @@
-// A deterministic simulation of IB CM agents in peer-to-peer mode (design.md §3 over the IB CM
+// A deterministic simulation of IB CM agents in peer-to-peer mode (docs/p2p.md over the IB CM
 // binding): N nodes on a MAD network with a virtual clock. One seed decides every delay, loss,
 // duplicate, connect (often from both sides at once), answer, close, crash and restart. The four
 // properties are checked during and after every run:

@@ -1,4 +1,4 @@
-// The IB CM p2p simulation over PEERCM_IBCM_SIM_SEEDS seeds: design.md §3's four properties
+// The IB CM p2p simulation over PEERCM_IBCM_SIM_SEEDS seeds: the four properties of docs/p2p-resolver.md
 // under loss, duplication, delays, simultaneous connects and a crash/restart. A failing seed
 // prints itself and the trace of its replay.
 #include <gtest/gtest.h>
