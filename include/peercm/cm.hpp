@@ -135,6 +135,9 @@ struct CmStats {
   std::uint64_t delivered_requests = 0;  // p2p requests that matched no attempt (rule 4)
   std::uint64_t rejects_sent[8] = {};      // by RejectReason
   std::uint64_t rejects_received[8] = {};  // by RejectReason
+  // Times an iWARP listener found the process out of descriptors (or the kernel out of
+  // memory) at accept() and paused (docs/reliability.md, "Descriptor exhaustion").
+  std::uint64_t accept_pauses = 0;
 };
 
 // A communication identifier (rdma_cm_id).

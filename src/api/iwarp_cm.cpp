@@ -256,6 +256,8 @@ void IwarpCm::release(CmIdImpl& id) {
     agent_.destroy(state.agent_id, core_now());
     end_agent_id(id);
   }
+  if (state.listen_pause_timer) ctx_.reactor.cancel_timer(*state.listen_pause_timer);
+  state.listen_pause_timer.reset();
   if (state.listen_fd >= 0) {
     ctx_.reactor.remove(state.listen_fd);
     ::close(state.listen_fd);
@@ -281,6 +283,7 @@ void IwarpCm::add_stats(CmStats& stats) {
   stats.rejects_received[static_cast<int>(RejectReason::duplicate)] += s.rejects_received_duplicate;
   stats.rejects_received[static_cast<int>(RejectReason::application)] += s.rejects_received_application;
   stats.rejects_received[static_cast<int>(RejectReason::refused)] += s.rejects_received_refused;
+  stats.accept_pauses += accept_pauses_;
 }
 
 // --- the sockets ---
@@ -294,7 +297,11 @@ void IwarpCm::on_listen_readable(const std::weak_ptr<CmIdImpl>& weak) {
     sockaddr_in from{};
     socklen_t len = sizeof from;
     const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN, or a transient error: the next readiness retries
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) pause_listener(*listener);
+      return;  // EAGAIN, or a transient error (a connection reset in the queue): the next readiness retries
+    }
+    state_of(*listener).listen_pause = std::chrono::milliseconds(0);
     auto stream = agent_.handle_stream_accepted(agent_id, endpoint(from), core_now());
     pump();  // a stalled handshake the backlog displaced closes now
     if (!stream) {
@@ -310,6 +317,31 @@ void IwarpCm::on_listen_readable(const std::weak_ptr<CmIdImpl>& weak) {
     streams_[*stream] = *conn;
     (*conn)->receive_pending();
   }
+}
+
+// Out of descriptors, the connection accept() could not take stays in the kernel's queue
+// and the level-triggered listener would fire again at once: a spin for as long as the
+// exhaustion lasts. The listener is unwatched instead and looked at again after a pause
+// that doubles from 1 ms to 100 ms while accept() keeps failing. The connections that exist
+// are served meanwhile; queued clients wait in the kernel's queue (docs/reliability.md,
+// "Descriptor exhaustion").
+void IwarpCm::pause_listener(CmIdImpl& listener) {
+  auto& state = state_of(listener);
+  if (state.listen_pause_timer || state.listen_fd < 0) return;
+  ++accept_pauses_;
+  state.listen_pause = std::clamp(state.listen_pause * 2, std::chrono::milliseconds(1), std::chrono::milliseconds(100));
+  PEERCM_LOG(warn, "cm", "listener on port {}: out of descriptors at accept(); looking again in {} ms",
+             ntohs(listener.bound_address.value_or(sockaddr_in{}).sin_port), state.listen_pause.count());
+  (void)ctx_.reactor.modify(state.listen_fd, 0);
+  std::weak_ptr<CmIdImpl> weak = listener.shared_from_this();
+  state.listen_pause_timer =
+      ctx_.reactor.add_timer(engine::Clock::now() + state.listen_pause, [this, weak] {
+        auto id = weak.lock();
+        if (!id) return;
+        auto& resumed = state_of(*id);
+        resumed.listen_pause_timer.reset();
+        if (resumed.listen_fd >= 0) (void)ctx_.reactor.modify(resumed.listen_fd, EPOLLIN);
+      });
 }
 
 Connection::Callbacks IwarpCm::stream_callbacks(StreamId stream) {

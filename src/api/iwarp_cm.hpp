@@ -6,6 +6,7 @@
 
 #include <netinet/in.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -22,6 +23,9 @@ struct IwarpIdState final : TransportIdState {
   ~IwarpIdState() override;
   core::iwarp::IwarpCmId agent_id = 0;  // 0: none (yet, or any more)
   int listen_fd = -1;
+  // accept() failed for want of descriptors: the listener is unwatched until this timer.
+  std::optional<engine::Reactor::TimerId> listen_pause_timer;
+  std::chrono::milliseconds listen_pause{0};  // the last pause; doubles while it lasts
   // The port rdma_bind_addr took (api/port_reservation.hpp): a TCP socket bound to the id's
   // address, which listen() listens on and connect() connects from.
   int reserved_fd = -1;
@@ -58,6 +62,7 @@ class IwarpCm final : public TransportCm {
 
   void on_listen_readable(const std::weak_ptr<CmIdImpl>& weak);
   Connection::Callbacks stream_callbacks(StreamId stream);
+  void pause_listener(CmIdImpl& listener);
   // Carries out the agent's actions and delivers its events until it has none, then re-arms
   // the deadline timer. Calls from inside (a callback of an action) return at once.
   void pump();
@@ -78,6 +83,7 @@ class IwarpCm final : public TransportCm {
   bool pumping_ = false;
   // connect(): an open_stream whose socket could not even be made (the call fails).
   std::optional<std::pair<StreamId, std::errc>> failed_open_;
+  std::uint64_t accept_pauses_ = 0;
 };
 
 // The iWARP backlog of a listening id (tests): handshakes and undecided requests it counts.

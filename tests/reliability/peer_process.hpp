@@ -63,6 +63,7 @@ class PeerProcess {
   PeerProcess& operator=(const PeerProcess&) = delete;
 
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
 
   // The next line the helper printed (without the newline); nothing on timeout or exit.
   std::optional<std::string> read_line(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {

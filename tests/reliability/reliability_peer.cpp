@@ -15,6 +15,10 @@
 //                                         <window> held open and silent
 //   roce-client <address> <port>          peercm RoCE client (client/server model) that
 //                                         connects to <address>:<port> and then idles
+//   fd-limited-server <nofile>            peercm iWARP server under RLIMIT_NOFILE <nofile>:
+//                                         accepts every request with a receive posted, and
+//                                         reports "established <n> pauses <accept_pauses>"
+//                                         and "received <n>"
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
@@ -130,6 +134,45 @@ int roce_client(const char* address, std::uint16_t port) {
   next_event(*channel, CmEventType::established);
   say("established");
   block();
+}
+
+int fd_limited_server(rlim_t nofile) {
+  auto context = std::move(Context::open(ContextOptions{.reserved_descriptors = 0}).value());
+  auto channel = std::move(EventChannel::create().value());
+  auto pd = std::move(ProtectionDomain::allocate(*context).value());
+  auto cq = std::move(CompletionQueue::create(*context, 256).value());
+  auto listener = std::move(CmId::create(*context, *channel).value());
+  // A large backlog: held handshakes then take descriptors until none is left.
+  if (!listener->bind(loopback(0)) || !listener->listen(1024)) die("listen");
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = nofile;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) die("setrlimit");
+  say("port " + std::to_string(ntohs(listener->local_address().sin_port)));
+  std::vector<std::unique_ptr<CmId>> ids;
+  std::vector<std::uint8_t> buffer(64 * 64);
+  auto mr = std::move(MemoryRegion::register_memory(*pd, buffer.data(), buffer.size(), kAccessLocalWrite).value());
+  int established = 0;
+  int received = 0;
+  for (;;) {
+    WorkCompletion wc[8];
+    for (std::size_t n = cq->poll(wc); n > 0; n = cq->poll(wc))
+      for (std::size_t i = 0; i < n; ++i)
+        if (wc[i].status == WcStatus::success) say("received " + std::to_string(++received));
+    auto event = channel->get_event(5ms);
+    if (!event) continue;
+    if (event->type == CmEventType::connect_request && event->new_id) {
+      auto id = std::move(event->new_id);
+      auto qp = id->create_qp(*pd, qp_attr(*cq));
+      if (!qp) continue;
+      const auto slot = ids.size() % 64;
+      (void)(*qp)->post_recv(RecvWr{.wr_id = slot, .sg_list = {mr->sge(slot * 64, 64)}});
+      if (id->accept({})) ids.push_back(std::move(id));
+    } else if (event->type == CmEventType::established) {
+      say("established " + std::to_string(++established) + " pauses " +
+          std::to_string(cm_stats(*context).accept_pauses));
+    }
+  }
 }
 
 int mpa_responder() {
@@ -275,6 +318,7 @@ int main(int argc, char** argv) {
   if (args.size() == 2 && args[0] == "mpa-initiator") return mpa_initiator(port_arg(argv[2]));
   if (args.size() == 1 && args[0] == "mpa-responder") return mpa_responder();
   if (args.size() == 3 && args[0] == "roce-client") return roce_client(argv[2], port_arg(argv[3]));
+  if (args.size() == 2 && args[0] == "fd-limited-server") return fd_limited_server(std::strtoull(argv[2], nullptr, 10));
   if (args.size() == 4 && args[0] == "rdma-server")
     return rdma_server(args[1], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));
   if (args.size() == 4 && args[0] == "p2p-collide")
