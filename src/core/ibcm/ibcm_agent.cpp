@@ -310,6 +310,20 @@ void IbCmAgent::on_req(const w::CmReq& req, std::uint64_t tid, std::span<const s
     ++stats_.unmatched;
     return;
   }
+  // docs/reliability.md, "CM answers": a REQ's path names the address it came from, or it
+  // is refused. Every answer of this agent goes to the address a datagram came from, so a
+  // REQ cannot aim them at a third party.
+  const auto refuse_address = [&] {
+    ++stats_.rejected_address;
+    send_answer(w::CmRej{.remote_comm_id = req.local_comm_id,
+                         .message_rejected = w::RejTarget::req,
+                         .reason = w::rej_reason::kInvalidPrimaryGid},
+                tid, from);
+  };
+  if (req.primary.local_gid != from) {
+    refuse_address();
+    return;
+  }
   auto service = w::decode_rdma_ip_service_id(req.service_id);
   if (!service || service->port_space != w::RdmaPortSpace::tcp || !listeners_.contains(service->port)) {
     // §4.6: no listener for the Service ID → REJ 8.
@@ -330,6 +344,10 @@ void IbCmAgent::on_req(const w::CmReq& req, std::uint64_t tid, std::span<const s
     return;
   }
   const std::uint32_t source = to_u32(w::CmaHeader::ipv4_of(cma->header.source_ip));
+  if (w::ipv4_mapped_gid(w::CmaHeader::ipv4_of(cma->header.source_ip)) != from) {  // rdma_cm's header too
+    refuse_address();
+    return;
+  }
   if (auto p2p = decode_p2p_header(cma->application_data)) {
     // docs/p2p.md R2: the key is (source address, advertised listening port, tag).
     const P2pKey key{.address = source, .port = cma->header.source_port, .tag = p2p->header.tag};

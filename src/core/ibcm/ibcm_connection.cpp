@@ -2,6 +2,7 @@
 // row of roce-ibcm-wire.md §4.9 (or §5 for the peer REQ) it implements.
 #include "core/ibcm/ibcm_connection.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cassert>
 #include <variant>
@@ -126,7 +127,7 @@ Status<std::errc> IbCmConnection::accept(const IbCmReplyParams& params, Time now
   }
   local_qpn_ = params.qpn;
   resend_ = mad;
-  mads_.push_back(mad);
+  if (may_answer()) mads_.push_back(mad);
   // §4.9: REP resent on the REQ's local CM response timeout, up to the REQ's Max CM Retries.
   enter(IbCmState::rep_sent);
   retries_left_ = max_retries_;
@@ -226,13 +227,17 @@ void IbCmConnection::take_request(const w::CmReq& req, std::uint64_t tid, Time n
                    .gid = req.primary.local_gid};
   peer_known_ = true;
   peer_private_data_.assign(req.private_data.begin(), req.private_data.end());
-  peer_response_timeout_ = req.remote_cm_response_timeout;
-  own_response_timeout_ = req.local_cm_response_timeout;
+  // The REQ's timers are the unauthenticated sender's word: clamped (docs/reliability.md).
+  const auto clamp_timeout = [&](std::uint8_t exponent) {
+    return std::clamp(exponent, kMinPeerTimeout, std::max(kMinPeerTimeout, timing_.cm_response_timeout));
+  };
+  peer_response_timeout_ = clamp_timeout(req.remote_cm_response_timeout);
+  own_response_timeout_ = clamp_timeout(req.local_cm_response_timeout);
   // §4.6: the passive side resends its REP (and DREQ) after the REQ's local CM response timeout,
   // up to the REQ's Max CM Retries; the round trip's two packet lifetimes are added (Linux
   // omits them, which makes a slow path look like a lost REP).
-  resend_interval_ = cm_time(req.local_cm_response_timeout) + 2 * cm_time(timing_.packet_lifetime);
-  max_retries_ = req.max_cm_retries;
+  resend_interval_ = cm_time(own_response_timeout_) + 2 * cm_time(timing_.packet_lifetime);
+  max_retries_ = std::min(req.max_cm_retries, timing_.max_cm_retries);
   enter(IbCmState::req_rcvd);
   // §4.9 REQ_RCVD, consumer slow → MRA: sent once half the time the peer waits for an answer
   // (its Remote CM Response Timeout) has gone without one.
@@ -241,6 +246,7 @@ void IbCmConnection::take_request(const w::CmReq& req, std::uint64_t tid, Time n
 }
 
 void IbCmConnection::handle_req(const w::CmReq& req, std::uint64_t tid, Time now) {
+  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
   switch (state_) {
     case IbCmState::idle:
       if (!started_) take_request(req, tid, now);  // §4.9 LISTEN: REQ → REQ_RCVD
@@ -275,6 +281,7 @@ void IbCmConnection::take_reply(const w::CmRep& rep) {
 }
 
 void IbCmConnection::handle_rep(const w::CmRep& rep, Time now) {
+  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
   switch (state_) {
     case IbCmState::req_sent:
     case IbCmState::mra_req_rcvd:
@@ -304,6 +311,7 @@ void IbCmConnection::handle_rep(const w::CmRep& rep, Time now) {
 }
 
 void IbCmConnection::handle_rtu(const w::CmRtu& rtu, Time) {
+  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
   if (state_ != IbCmState::rep_sent && state_ != IbCmState::mra_rep_rcvd) {
     return;  // §4.9 duplicate RTU: ignored
   }
@@ -313,6 +321,7 @@ void IbCmConnection::handle_rtu(const w::CmRtu& rtu, Time) {
 }
 
 void IbCmConnection::handle_rej(const w::CmRej& rej, Time now) {
+  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
   switch (state_) {
     case IbCmState::req_sent:
     case IbCmState::mra_req_rcvd:
@@ -351,6 +360,7 @@ void IbCmConnection::handle_rej(const w::CmRej& rej, Time now) {
 }
 
 void IbCmConnection::handle_mra(const w::CmMra& mra, Time now) {
+  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
   // §4.9 MRA: stop resending; wait service timeout + packet lifetime, then resume.
   const Time until = now + cm_time(mra.service_timeout) + cm_time(timing_.packet_lifetime);
   if (state_ == IbCmState::req_sent && mra.message_mraed == w::MraTarget::req) {
@@ -364,6 +374,7 @@ void IbCmConnection::handle_mra(const w::CmMra& mra, Time now) {
 }
 
 void IbCmConnection::handle_dreq(const w::CmDreq& dreq, std::uint64_t tid, Time now) {
+  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
   if (dreq.remote_qpn != local_qpn_) return;  // §4.6: a DREQ must name our QPN, else ignored
   switch (state_) {
     case IbCmState::rep_sent:
@@ -392,6 +403,7 @@ void IbCmConnection::handle_dreq(const w::CmDreq& dreq, std::uint64_t tid, Time 
 }
 
 void IbCmConnection::handle_drep(const w::CmDrep& drep, Time now) {
+  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
   if (state_ != IbCmState::dreq_sent) return;
   to_timewait(now);  // §4.9 DREQ_SENT: DREP → TIMEWAIT
   emit(Kind::disconnected, 0, drep.private_data);
@@ -441,7 +453,7 @@ void IbCmConnection::handle_timeout(Time now) {
 }
 
 void IbCmConnection::resend_or_give_up(Time now) {
-  if (retries_left_ > 0) {
+  if (retries_left_ > 0 && may_answer()) {
     --retries_left_;
     mads_.push_back(resend_);  // §3.3: the identical MAD, same TID
     // After an MRA's wait the resend logic resumes where it was (§4.9).
@@ -483,7 +495,10 @@ std::optional<IbCmEvent> IbCmConnection::poll_event() {
   return std::move(events_[next_event_++]);
 }
 
-void IbCmConnection::enter(IbCmState state) { state_ = state; }
+void IbCmConnection::enter(IbCmState state) {
+  state_ = state;
+  if (state == IbCmState::established) confirmed_ = true;
+}
 
 std::array<std::uint8_t, 8> IbCmConnection::guid_ari() const {
   std::array<std::uint8_t, 8> ari{};
@@ -499,7 +514,14 @@ void IbCmConnection::send(const w::CmMessage& message, std::uint64_t tid, bool k
   assert(encoded.has_value());  // every field comes from a message that decoded or encoded
   if (!encoded) return;
   if (keep_for_resend) resend_ = mad;
-  mads_.push_back(mad);
+  if (may_answer()) mads_.push_back(mad);
+}
+
+bool IbCmConnection::may_answer() {
+  if (active_ || confirmed_) return true;
+  if (sent_since_heard_ >= kMaxUnpromptedAnswers) return false;
+  ++sent_since_heard_;
+  return true;
 }
 
 void IbCmConnection::arm_resend(Time now) { deadline_ = now + resend_interval_; }

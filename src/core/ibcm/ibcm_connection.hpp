@@ -70,10 +70,20 @@ class IbCmConnection {
   std::span<const std::uint8_t> peer_private_data() const { return peer_private_data_; }
   std::uint64_t service_id() const { return service_id_; }
 
+ // At most this many packets answer one datagram of a peer that has not confirmed the
+  // exchange, whatever timers and retry count its REQ named (docs/reliability.md).
+  static constexpr std::uint32_t kMaxUnpromptedAnswers = 3;
+  // The REQ's CM response timeouts are clamped to [kMinPeerTimeout, our cm_response_timeout]:
+  // a sender cannot make us resend every few microseconds, nor hold state for hours.
+  static constexpr std::uint8_t kMinPeerTimeout = 12;  // 16.8 ms
+
  private:
   void enter(IbCmState state);
   std::array<std::uint8_t, 8> guid_ari() const;  // REJ(timeout)'s ARI: our CA GUID (§4.8)
   void send(const wire::ibcm::CmMessage& message, std::uint64_t tid, bool keep_for_resend);
+  // docs/reliability.md, "CM answers": false once a passive connection the peer has not
+  // confirmed has sent kMaxUnpromptedAnswers packets since the peer's last datagram.
+  bool may_answer();
   void arm_resend(Time now);
   void resend_or_give_up(Time now);
   void send_rej(std::uint16_t reason, wire::ibcm::RejTarget target, std::span<const std::uint8_t> ari,
@@ -104,8 +114,12 @@ class IbCmConnection {
 
   std::uint64_t req_tid_ = 0;   // the REQ's: REP, MRA, REJ and RTU reuse it (§3.3)
   std::uint64_t dreq_tid_ = 0;  // our DREQ's
-  std::uint8_t peer_response_timeout_ = 0;  // the REQ's remote CM response timeout (passive)
-  std::uint8_t own_response_timeout_ = 0;   // the REQ's local CM response timeout
+  std::uint8_t peer_response_timeout_ = 0;  // the REQ's remote CM response timeout (passive), clamped
+  std::uint8_t own_response_timeout_ = 0;   // the REQ's local CM response timeout, clamped
+  // Packets a passive connection sent since the peer's last datagram, until it is confirmed
+  // (ESTABLISHED once): an unauthenticated REQ buys at most kMaxUnpromptedAnswers of them.
+  std::uint32_t sent_since_heard_ = 0;
+  bool confirmed_ = false;
   Duration resend_interval_{};
   std::uint8_t max_retries_ = 0;
   std::uint8_t retries_left_ = 0;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "ibcm_fabric.hpp"
+#include "wire/ibcm/rdma_cm_ip.hpp"
 
 namespace peercm::core::ibcm::test {
 namespace {
@@ -158,7 +159,9 @@ TEST_F(ClientServer, DeadPathAfterReqTimesOutBothSides) {
   accept_all(1ms, 400);
   EXPECT_NE(net.find(kClient, EventKind::unreachable, id), nullptr);
   EXPECT_EQ(net.count(kServer, EventKind::connect_error), 1);  // REP retries exhausted
-  EXPECT_EQ(net.sent[w::CmAttribute::rep], 1 + 3);
+  // Max CM Retries is 3, but a REQ its sender never followed up buys three packets in all
+  // (docs/reliability.md, "CM answers"): the REP and two resends; no REJ follows.
+  EXPECT_EQ(net.sent[w::CmAttribute::rep], 3);
   expect_everything_gone();
 }
 
@@ -327,6 +330,99 @@ TEST_F(ClientServer, MalformedMadIsDroppedAndCounted) {
   net.agent(kServer).handle_mad(w::ipv4_mapped_gid(Fabric::address(kClient)), junk, net.now);
   EXPECT_EQ(net.agent(kServer).stats().malformed, 1u);
   EXPECT_FALSE(net.agent(kServer).poll_mad().has_value());
+}
+
+// docs/reliability.md, "CM answers": a REQ is an unauthenticated datagram. One that names
+// another address than its source (in its path or in rdma_cm's header) is refused with REJ 12
+// to its source, and nothing goes anywhere else; one that names tiny timers and 15 retries
+// still buys at most three packets, all to its source.
+struct CmAnswers : ::testing::Test {
+  Fabric net;
+  std::vector<std::uint8_t> private_data;
+  void SetUp() override {
+    net.add(0x1111);
+    net.add(0x2222);
+    net.agent(kServer).listen(7471);
+  }
+  // The REQ the client would send, decoded (its private data copied into `private_data`).
+  w::CmReq client_req() {
+    EXPECT_TRUE(net.agent(kClient).connect(connect_params(kServer, 0x100, false), net.now));
+    auto mad = net.agent(kClient).poll_mad();
+    EXPECT_TRUE(mad.has_value());
+    auto decoded = w::decode_cm_mad(mad->bytes);
+    EXPECT_TRUE(decoded.has_value());
+    w::CmReq req = std::get<w::CmReq>(decoded->message);
+    private_data.assign(req.private_data.begin(), req.private_data.end());
+    req.private_data = private_data;
+    return req;
+  }
+  // `req` handed to the server as if it came from the client's address; what it sends back.
+  std::vector<OutboundMad> deliver(const w::CmReq& req) {
+    OutboundMad mad;
+    EXPECT_TRUE(w::encode_cm_mad({.transaction_id = 0x77, .message = req}, mad.bytes));
+    net.agent(kServer).handle_mad(w::ipv4_mapped_gid(Fabric::address(kClient)), mad.bytes, net.now);
+    return drain_server();
+  }
+  std::vector<OutboundMad> drain_server() {
+    std::vector<OutboundMad> out;
+    while (auto mad = net.agent(kServer).poll_mad()) out.push_back(*mad);
+    return out;
+  }
+  static constexpr Ipv4Address kVictim{10, 0, 0, 99};
+};
+
+TEST_F(CmAnswers, RequestNamingAnotherAddressInItsPathIsRefusedToItsSource) {
+  w::CmReq req = client_req();
+  req.primary.local_gid = w::ipv4_mapped_gid(kVictim);
+  const auto answers = deliver(req);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].destination, w::ipv4_mapped_gid(Fabric::address(kClient)));
+  auto rej = w::decode_cm_mad(answers[0].bytes);
+  ASSERT_TRUE(rej.has_value());
+  EXPECT_EQ(std::get<w::CmRej>(rej->message).reason, w::rej_reason::kInvalidPrimaryGid);
+  EXPECT_EQ(net.agent(kServer).stats().rejected_address, 1u);
+  while (auto e = net.agent(kServer).poll_event()) ADD_FAILURE() << "the application heard of it";
+}
+
+TEST_F(CmAnswers, RequestNamingAnotherAddressInRdmaCmsHeaderIsRefusedToItsSource) {
+  w::CmReq req = client_req();
+  auto cma = w::decode_cma_private_data(private_data);
+  ASSERT_TRUE(cma.has_value());
+  std::vector<std::uint8_t> forged(private_data.size());
+  ASSERT_TRUE(w::encode_cma_private_data(w::CmaHeader::ipv4(kVictim, cma->header.source_port, Fabric::address(kServer)),
+                                         cma->application_data, forged));
+  private_data = forged;
+  req.private_data = private_data;
+  const auto answers = deliver(req);
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].destination, w::ipv4_mapped_gid(Fabric::address(kClient)));
+  EXPECT_EQ(net.agent(kServer).stats().rejected_address, 1u);
+}
+
+TEST_F(CmAnswers, OneUnansweredRequestBuysAtMostThreePacketsWhateverItsTimersSay) {
+  w::CmReq req = client_req();
+  req.local_cm_response_timeout = 0;   // "resend at once"
+  req.remote_cm_response_timeout = 0;  // "MRA at once"
+  req.max_cm_retries = 15;
+  auto answers = deliver(req);
+  IbCmId request = 0;
+  while (auto e = net.agent(kServer).poll_event())
+    if (e->kind == EventKind::connect_request) request = e->id;
+  ASSERT_NE(request, 0u);
+  // The application is slow (an MRA may go), then accepts; the source never answers.
+  net.now += 20ms;
+  net.agent(kServer).handle_timeout(net.now);
+  for (auto& mad : drain_server()) answers.push_back(mad);
+  ASSERT_TRUE(net.agent(kServer).accept(request, accept_params(0x200), net.now));
+  for (int step = 0; step < 2000 && net.agent(kServer).next_deadline(); ++step) {
+    net.now = std::max(net.now, *net.agent(kServer).next_deadline());
+    net.agent(kServer).handle_timeout(net.now);
+    for (auto& mad : drain_server()) answers.push_back(mad);
+  }
+  EXPECT_GE(answers.size(), 1u);
+  EXPECT_LE(answers.size(), 3u);
+  for (const auto& mad : answers) EXPECT_EQ(mad.destination, w::ipv4_mapped_gid(Fabric::address(kClient)));
+  EXPECT_EQ(net.agent(kServer).next_deadline(), std::nullopt) << "the request is not forgotten";
 }
 
 }  // namespace
