@@ -401,6 +401,30 @@ TEST(IwarpCmAgent, ParkedRequestReachesTheApplicationOnlyAfterTheAttemptEnds) {
   EXPECT_EQ(wire.nodes[a].agent->stats().delivered_requests, 1u);
 }
 
+// The same when the attempt's handshake fails (the peer reset its stream): CONNECT_ERROR first,
+// then the held request as a CONNECT_REQUEST.
+TEST(IwarpCmAgent, ParkedRequestGoesOnWhenTheAttemptsHandshakeFails) {
+  Wire wire;
+  const auto a = wire.add(0x20, 0x0A000001, 7001);
+  const auto b = wire.add(0x10, 0x0A000002, 7002);
+  auto at_a = wire.nodes[a].agent->connect(wire.to(b, true, 5), wire.now);
+  ASSERT_TRUE(at_a);
+  wire.collect();
+  ASSERT_EQ(wire.queue.size(), 2u);
+  wire.step();          // a's stream reaches b's listener
+  wire.queue.clear();   // its Request does not
+  auto at_b = wire.nodes[b].agent->connect(wire.to(a, true, 3), wire.now);
+  ASSERT_TRUE(at_b);
+  wire.run();
+  EXPECT_TRUE(wire.nodes[a].events.empty());  // b's request is held
+  wire.nodes[a].agent->handle_stream_closed(wire.nodes[a].agent->stream_of(*at_a), wire.now);
+  wire.run();
+  ASSERT_GE(wire.nodes[a].events.size(), 2u);
+  EXPECT_EQ(wire.nodes[a].events[0].kind, EventKind::connect_error);
+  EXPECT_EQ(wire.nodes[a].events[0].id, *at_a);
+  EXPECT_EQ(wire.nodes[a].events[1].kind, EventKind::connect_request);
+}
+
 // R3 and R6 on the wire: the CM reject is the CM's, never the application's.
 TEST(IwarpCmAgent, CollisionRejectIsNotReportedToTheApplication) {
   Wire wire;
