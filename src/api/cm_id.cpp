@@ -20,14 +20,6 @@ std::atomic<bool> g_default_peer_to_peer{true};
 void set_default_peer_to_peer(bool on) { g_default_peer_to_peer.store(on); }
 bool default_peer_to_peer() { return g_default_peer_to_peer.load(); }
 
-std::string_view to_string(Transport transport) {
-  switch (transport) {
-    case Transport::iwarp: return "iwarp";
-    case Transport::roce: return "roce";
-  }
-  return "unknown";
-}
-
 std::string_view to_string(CmEventType type) {
   switch (type) {
     case CmEventType::addr_resolved: return "ADDR_RESOLVED";

@@ -252,7 +252,7 @@ void IwarpCm::release(CmIdImpl& id) {
   auto& state = state_of(id);
   if (state.agent_id != 0) {
     // The caller's QP outlives the id: it goes to ERROR with the connection, as iw_cm does.
-    if (connection_of(state.agent_id) && !id.qp && id.qp_impl) id.qp_impl->engine.disconnect();
+    if (connection_of(state.agent_id) && !id.qp && id.qp_impl) id.qp_impl->engine->disconnect();
     agent_.destroy(state.agent_id, core_now());
     end_agent_id(id);
   }

@@ -4,7 +4,17 @@
 #include "api/iwarp_cm.hpp"
 #include "api/roce/roce_cm.hpp"
 
-namespace peercm::detail {
+namespace peercm {
+
+std::string_view to_string(Transport transport) {
+  switch (transport) {
+    case Transport::iwarp: return "iwarp";
+    case Transport::roce: return "roce";
+  }
+  return "unknown";
+}
+
+namespace detail {
 
 TransportCm* transport_cm(ContextImpl& ctx, Transport transport) {
   switch (transport) {
@@ -18,4 +28,5 @@ TransportCm* transport_cm(ContextImpl& ctx, Transport transport) {
   return nullptr;
 }
 
-}  // namespace peercm::detail
+}  // namespace detail
+}  // namespace peercm

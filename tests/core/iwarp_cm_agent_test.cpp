@@ -347,11 +347,20 @@ TEST(IwarpCmAgent, UnansweredSynIsUnreachableAtTheTimeout) {
 
 // --- p2p (docs/p2p.md, Rules) ---
 
-// R3: simultaneous connects become exactly one connection, ESTABLISHED on each attempt's id.
-TEST(IwarpCmAgent, SimultaneousP2pConnectsMakeOneConnection) {
+// Two listening nodes; a's node GUID is the larger (LargerA) or the smaller (SmallerA).
+struct LargerA : ::testing::Test {
   Wire wire;
-  const auto a = wire.add(0x20, 0x0A000001, 7001);
-  const auto b = wire.add(0x10, 0x0A000002, 7002);
+  std::size_t a = wire.add(0x20, 0x0A000001, 7001);
+  std::size_t b = wire.add(0x10, 0x0A000002, 7002);
+};
+struct SmallerA : ::testing::Test {
+  Wire wire;
+  std::size_t a = wire.add(0x10, 0x0A000001, 7001);
+  std::size_t b = wire.add(0x20, 0x0A000002, 7002);
+};
+
+// R3: simultaneous connects become exactly one connection, ESTABLISHED on each attempt's id.
+TEST_F(LargerA, SimultaneousP2pConnectsMakeOneConnection) {
   auto at_a = wire.nodes[a].agent->connect(wire.to(b, true, 5), wire.now);
   auto at_b = wire.nodes[b].agent->connect(wire.to(a, true, 5), wire.now);
   ASSERT_TRUE(at_a && at_b);
@@ -374,10 +383,7 @@ TEST(IwarpCmAgent, SimultaneousP2pConnectsMakeOneConnection) {
 // R3, active peer: the losing request is parked (held) while our attempt is pending, reaches
 // nobody, and goes on as a CONNECT_REQUEST once the attempt ends otherwise — after the attempt's
 // own ending event.
-TEST(IwarpCmAgent, ParkedRequestReachesTheApplicationOnlyAfterTheAttemptEnds) {
-  Wire wire;
-  const auto a = wire.add(0x20, 0x0A000001, 7001);
-  const auto b = wire.add(0x10, 0x0A000002, 7002);
+TEST_F(LargerA, ParkedRequestReachesTheApplicationOnlyAfterTheAttemptEnds) {
   auto at_a = wire.nodes[a].agent->connect(wire.to(b, true, 5, 1s), wire.now);
   ASSERT_TRUE(at_a);
   wire.collect();
@@ -401,11 +407,29 @@ TEST(IwarpCmAgent, ParkedRequestReachesTheApplicationOnlyAfterTheAttemptEnds) {
   EXPECT_EQ(wire.nodes[a].agent->stats().delivered_requests, 1u);
 }
 
+// The same when the attempt's handshake fails (the peer reset its stream): CONNECT_ERROR first,
+// then the held request as a CONNECT_REQUEST.
+TEST_F(LargerA, ParkedRequestGoesOnWhenTheAttemptsHandshakeFails) {
+  auto at_a = wire.nodes[a].agent->connect(wire.to(b, true, 5), wire.now);
+  ASSERT_TRUE(at_a);
+  wire.collect();
+  ASSERT_EQ(wire.queue.size(), 2u);
+  wire.step();          // a's stream reaches b's listener
+  wire.queue.clear();   // its Request does not
+  auto at_b = wire.nodes[b].agent->connect(wire.to(a, true, 3), wire.now);
+  ASSERT_TRUE(at_b);
+  wire.run();
+  EXPECT_TRUE(wire.nodes[a].events.empty());  // b's request is held
+  wire.nodes[a].agent->handle_stream_closed(wire.nodes[a].agent->stream_of(*at_a), wire.now);
+  wire.run();
+  ASSERT_GE(wire.nodes[a].events.size(), 2u);
+  EXPECT_EQ(wire.nodes[a].events[0].kind, EventKind::connect_error);
+  EXPECT_EQ(wire.nodes[a].events[0].id, *at_a);
+  EXPECT_EQ(wire.nodes[a].events[1].kind, EventKind::connect_request);
+}
+
 // R3 and R6 on the wire: the CM reject is the CM's, never the application's.
-TEST(IwarpCmAgent, CollisionRejectIsNotReportedToTheApplication) {
-  Wire wire;
-  const auto a = wire.add(0x20, 0x0A000001, 7001);
-  const auto b = wire.add(0x10, 0x0A000002, 7002);
+TEST_F(LargerA, CollisionRejectIsNotReportedToTheApplication) {
   auto at_a = wire.nodes[a].agent->connect(wire.to(b, true, 5), wire.now);
   auto at_b = wire.nodes[b].agent->connect(wire.to(a, true, 5), wire.now);
   ASSERT_TRUE(at_a && at_b);
@@ -422,10 +446,7 @@ TEST(IwarpCmAgent, CollisionRejectIsNotReportedToTheApplication) {
 
 // R5 refined: a CONNECT_REQUEST the application has not fetched is taken back; when its sender
 // wins R3, the attempt is bound to it at once and nothing is dialled.
-TEST(IwarpCmAgent, UnseenRequestThatWinsBindsTheAttemptWithoutDialling) {
-  Wire wire;
-  const auto a = wire.add(0x10, 0x0A000001, 7001);
-  const auto b = wire.add(0x20, 0x0A000002, 7002);
+TEST_F(SmallerA, UnseenRequestThatWinsBindsTheAttemptWithoutDialling) {
   ASSERT_TRUE(wire.nodes[b].agent->connect(wire.to(a, true, 5), wire.now));
   // Deliver b's open and Request, not a's answer.
   wire.collect();
@@ -451,10 +472,7 @@ TEST(IwarpCmAgent, UnseenRequestThatWinsBindsTheAttemptWithoutDialling) {
   EXPECT_EQ(wire.nodes[a].agent->stats().collisions_lost, 1u);
 }
 
-TEST(IwarpCmAgent, UnseenRequestThatLosesIsHeldAndTheAttemptDials) {
-  Wire wire;
-  const auto a = wire.add(0x20, 0x0A000001, 7001);
-  const auto b = wire.add(0x10, 0x0A000002, 7002);
+TEST_F(LargerA, UnseenRequestThatLosesIsHeldAndTheAttemptDials) {
   auto at_b = wire.nodes[b].agent->connect(wire.to(a, true, 5), wire.now);
   ASSERT_TRUE(at_b);
   wire.collect();
@@ -472,10 +490,7 @@ TEST(IwarpCmAgent, UnseenRequestThatLosesIsHeldAndTheAttemptDials) {
   EXPECT_EQ(wire.pairs.size(), 2u);
 }
 
-TEST(IwarpCmAgent, FetchedRequestMakesConnectEalready) {
-  Wire wire;
-  const auto a = wire.add(0x10, 0x0A000001, 7001);
-  const auto b = wire.add(0x20, 0x0A000002, 7002);
+TEST_F(SmallerA, FetchedRequestMakesConnectEalready) {
   ASSERT_TRUE(wire.nodes[b].agent->connect(wire.to(a, true, 5), wire.now));
   wire.run();
   ASSERT_NE(wire.nodes[a].first(EventKind::connect_request), std::nullopt);
@@ -488,10 +503,7 @@ TEST(IwarpCmAgent, FetchedRequestMakesConnectEalready) {
 }
 
 // Disconnect: DISCONNECTED on both sides, then TIMEWAIT_EXIT; the resolver forgets the link.
-TEST(IwarpCmAgent, DisconnectEndsInTimewaitExitAndLeavesNothingTracked) {
-  Wire wire;
-  const auto a = wire.add(0x20, 0x0A000001, 7001);
-  const auto b = wire.add(0x10, 0x0A000002, 7002);
+TEST_F(LargerA, DisconnectEndsInTimewaitExitAndLeavesNothingTracked) {
   auto at_a = wire.nodes[a].agent->connect(wire.to(b, true, 5), wire.now);
   ASSERT_TRUE(at_a);
   wire.run();

@@ -231,7 +231,7 @@ void resolve_addr(CmIdImpl& id, const sockaddr_in& destination) {
 Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& qp) {
   // The QP's packets leave from the id's address: known once it is resolved or requested.
   if (st(id).address == 0 || qp->roce) return fail(std::errc::invalid_argument);
-  if (qp->engine.state() != QpState::reset && qp->engine.state() != QpState::init)
+  if (qp->engine->state() != QpState::reset && qp->engine->state() != QpState::init)
     return fail(std::errc::invalid_argument);
   const core::roce::RcQpConfig config{.pd = qp->pd,
                                       .caps = qp->caps,
@@ -242,7 +242,8 @@ Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& 
   if (!roce) return fail(roce.error());
   qp->roce = std::move(*roce);
   // rping -q posts its receives on the QP before connecting: they move to the RC core.
-  qp->roce->rc.adopt_receives(qp->engine.take_posted_receives());
+  qp->roce->rc.adopt_receives(qp->engine->take_posted_receives());
+  qp->drop_idle_engine();
   qp->roce->owner = id.weak_from_this();
   device_of(*id.ctx).add_qp(qp);
   return {};

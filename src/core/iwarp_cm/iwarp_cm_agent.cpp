@@ -573,8 +573,10 @@ void IwarpCmAgent::on_failed(StreamId stream, const MpaEvent& event, Time now) {
   push(IwarpCmEvent{.kind = IwarpCmEvent::Kind::connect_error, .id = id,
                     .status = event.failure == MpaFailure::timeout ? ETIMEDOUT : ECONNRESET, .reason = reason});
   release_backlog(*record);
+  // After the ending event, as above; the attempt's end before its link's close
+  // (docs/p2p-resolver.md, decision 5: a close alone would leave the attempt waiting).
+  end_p2p(id);
   if (p2p) resolver_.handle_link_closed(stream);
-  end_p2p(id);  // after the ending event, as above
   ids_.erase(id);
   run_resolver(now);
 }
