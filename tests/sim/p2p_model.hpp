@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/p2p_resolver.hpp"
+#include "network.hpp"
 #include "p2p_sim.hpp"
 #include "sim_rng.hpp"
 
@@ -167,6 +168,9 @@ struct EventLater {
 
 // ---------------------------------------------------------------------------------------------
 
+// The RoCE world (roce_world.cpp): production IbCmAgents over MAD datagrams.
+SimResult run_roce_simulation(std::uint64_t seed, const SimConfig& config);
+
 class World {
  public:
   World(std::uint64_t seed, const SimConfig& config);
@@ -251,6 +255,7 @@ class World {
   SimConfig config_;
   Rng rng_;
   Scenario scenario_;
+  Network network_;  // streams: in order per direction, reliable
   Phase phase_ = Phase::chaos;
   Time now_{};
   std::uint64_t next_seq_ = 0;

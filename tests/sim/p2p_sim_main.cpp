@@ -1,5 +1,6 @@
 // p2p_sim: run the deterministic p2p simulation from the command line.
-//   p2p_sim --seed S [--verbose]          one seed (with its trace)
+//   --transport iwarp|roce                the transport (default iwarp)
+//   p2p_sim --seed S [--verbose]          one seed (with its trace; --trace is the same)
 //   p2p_sim --seeds N [--start S]         N seeds from S (default 1)
 //   p2p_sim --duration-seconds T          soak: random seeds until T seconds passed
 //   --nodes K                             fix the node count (2..6) instead of letting the seed pick
@@ -33,8 +34,8 @@ struct Options {
 
 [[noreturn]] void usage(int status) {
   std::fputs(
-      "usage: p2p_sim [--seed S | --seeds N [--start S] | --duration-seconds T] [--nodes K] "
-      "[--verbose]\n",
+      "usage: p2p_sim [--transport iwarp|roce] [--seed S | --seeds N [--start S] | --duration-seconds T] "
+      "[--nodes K] [--verbose]\n",
       status == 0 ? stdout : stderr);
   std::exit(status);
 }
@@ -69,7 +70,16 @@ Options parse(int argc, char** argv) {
       if (options.config.nodes < 2 || options.config.nodes > 6) usage(2);
     } else if (arg == "--duration-seconds") {
       options.duration_seconds = static_cast<double>(number(value()));
-    } else if (arg == "--verbose") {
+    } else if (arg == "--transport") {
+      const std::string_view name = value();
+      if (name == "iwarp") {
+        options.config.transport = peercm::sim::Transport::iwarp;
+      } else if (name == "roce") {
+        options.config.transport = peercm::sim::Transport::roce;
+      } else {
+        usage(2);
+      }
+    } else if (arg == "--verbose" || arg == "--trace") {
       options.config.verbose = true;
     } else if (arg == "--help" || arg == "-h") {
       usage(0);
@@ -90,6 +100,10 @@ void add(SimStats& total, const SimStats& run) {
   total.timed_out += run.timed_out;
   total.crashes += run.crashes;
   total.work_requests += run.work_requests;
+  total.dropped += run.dropped;
+  total.mras += run.mras;
+  total.partitions += run.partitions;
+  total.taken_back += run.taken_back;
 }
 
 // Runs one seed quietly; on failure prints the violation and the replay command.
@@ -140,13 +154,13 @@ int main(int argc, char** argv) {
     ++ran;
   }
   const double seconds = elapsed();
-  fmt::print("p2p_sim: {} seeds from {} in {:.2f}s ({:.0f} seeds/s), {} failed\n"
+  fmt::print("p2p_sim ({}): {} seeds from {} in {:.2f}s ({:.0f} seeds/s), {} failed\n"
              "  {} events, {} attempts, {} established, {} collisions resolved by binding, "
-             "{} duplicates rejected, {} links replaced, {} attempts timed out, {} crashes, "
-             "{} work requests\n",
-             ran, start, seconds, seconds > 0 ? static_cast<double>(ran) / seconds : 0.0, failures,
-             total.events, total.attempts, total.established, total.collisions,
-             total.rejected_duplicate, total.replaced, total.timed_out, total.crashes,
-             total.work_requests);
+             "{} unseen requests taken, {} duplicates rejected, {} links replaced, {} attempts failed, "
+             "{} crashes, {} partitions, {} work requests, {} losing requests dropped, {} MRAs\n",
+             peercm::sim::transport_name(options.config.transport), ran, start, seconds,
+             seconds > 0 ? static_cast<double>(ran) / seconds : 0.0, failures, total.events, total.attempts,
+             total.established, total.collisions, total.taken_back, total.rejected_duplicate, total.replaced,
+             total.timed_out, total.crashes, total.partitions, total.work_requests, total.dropped, total.mras);
   return failures == 0 ? 0 : 1;
 }

@@ -39,7 +39,11 @@ Scenario pick_scenario(Rng& rng, const SimConfig& config) {
 }  // namespace
 
 World::World(std::uint64_t seed, const SimConfig& config)
-    : seed_(seed), config_(config), rng_(seed), scenario_(pick_scenario(rng_, config)) {
+    : seed_(seed),
+      config_(config),
+      rng_(seed),
+      scenario_(pick_scenario(rng_, config)),
+      network_(rng_, Faults{.max_delay = scenario_.max_delay}) {
   nodes_.resize(static_cast<std::size_t>(scenario_.nodes));
   const bool two_guids = rng_.percent(50);
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
@@ -207,11 +211,7 @@ void World::dispatch(const Event& event) {
 // ---------------------------------------------------------------------------------------------
 // The network
 
-Duration World::delay() {
-  if (scenario_.max_delay == Duration::zero() || rng_.percent(10)) return Duration::zero();
-  return Duration(static_cast<Duration::rep>(
-      rng_.between(std::uint64_t{0}, static_cast<std::uint64_t>(scenario_.max_delay.count()))));
-}
+Duration World::delay() { return network_.delay(); }
 
 std::uint32_t World::address_of(int node) const { return 0x0A000001u + static_cast<std::uint32_t>(node); }
 std::uint16_t World::port_of(int node) const { return static_cast<std::uint16_t>(7000 + node); }
@@ -237,8 +237,7 @@ int World::side_of(int node, LinkId id) const {
 void World::send(LinkId id, int from_side, const Message& message) {
   Link& k = link(id);
   const int to = 1 - from_side;
-  const Time at = std::max(now_ + delay(), k.last_arrival[to]);
-  k.last_arrival[to] = at;
+  const Time at = network_.stream_arrival(now_, k.last_arrival[to]);
   schedule({.at = at, .kind = EventKind::message, .node = k.node[to], .link = id, .side = to,
             .message = message});
 }
@@ -264,13 +263,20 @@ void World::violation(std::string what) {
 
 // ---------------------------------------------------------------------------------------------
 
-SimResult run_p2p_simulation(std::uint64_t seed, const SimConfig& config) {
+SimResult run_iwarp_simulation(std::uint64_t seed, const SimConfig& config) {
   World world(seed, config);
   return world.run();
 }
 
+SimResult run_p2p_simulation(std::uint64_t seed, const SimConfig& config) {
+  return config.transport == Transport::roce ? run_roce_simulation(seed, config)
+                                             : run_iwarp_simulation(seed, config);
+}
+
+const char* transport_name(Transport transport) { return transport == Transport::roce ? "roce" : "iwarp"; }
+
 std::string replay_command(std::string_view program, std::uint64_t seed, const SimConfig& config) {
-  std::string command = fmt::format("{} --seed {}", program, seed);
+  std::string command = fmt::format("{} --transport {} --seed {}", program, transport_name(config.transport), seed);
   if (config.nodes != 0) command += fmt::format(" --nodes {}", config.nodes);
   return command + " --verbose";
 }
