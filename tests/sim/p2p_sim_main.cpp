@@ -4,6 +4,7 @@
 //   p2p_sim --seeds N [--start S]         N seeds from S (default 1)
 //   p2p_sim --duration-seconds T          soak: random seeds until T seconds passed
 //   --nodes K                             fix the node count (2..6) instead of letting the seed pick
+//   --max-reported K                      print at most K failing seeds (default: all)
 // A failing seed prints the command line that replays it. Exit status 1 on any failure.
 #include <fmt/format.h>
 
@@ -29,13 +30,14 @@ struct Options {
   std::uint64_t seeds = 1000;
   std::optional<std::uint64_t> start;
   double duration_seconds = 0;
+  std::uint64_t max_reported = UINT64_MAX;
   SimConfig config;
 };
 
 [[noreturn]] void usage(int status) {
   std::fputs(
       "usage: p2p_sim [--transport iwarp|roce] [--seed S | --seeds N [--start S] | --duration-seconds T] "
-      "[--nodes K] [--verbose]\n",
+      "[--nodes K] [--max-reported K] [--verbose]\n",
       status == 0 ? stdout : stderr);
   std::exit(status);
 }
@@ -68,6 +70,8 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--nodes") {
       options.config.nodes = static_cast<int>(number(value()));
       if (options.config.nodes < 2 || options.config.nodes > 6) usage(2);
+    } else if (arg == "--max-reported") {
+      options.max_reported = number(value());
     } else if (arg == "--duration-seconds") {
       options.duration_seconds = static_cast<double>(number(value()));
     } else if (arg == "--transport") {
@@ -107,12 +111,13 @@ void add(SimStats& total, const SimStats& run) {
 }
 
 // Runs one seed quietly; on failure prints the violation and the replay command.
-bool run_seed(const char* program, std::uint64_t seed, const Options& options, SimStats& total) {
+bool run_seed(const char* program, std::uint64_t seed, const Options& options, SimStats& total, bool report) {
   SimConfig quiet = options.config;
   quiet.verbose = false;
   const SimResult result = peercm::sim::run_p2p_simulation(seed, quiet);
   add(total, result.stats);
   if (result.ok) return true;
+  if (!report) return false;
   fmt::print(stderr, "p2p_sim: seed {} FAILED {}\n  replay: {}\n", seed, result.violation,
              peercm::sim::replay_command(program, seed, options.config));
   return false;
@@ -148,9 +153,13 @@ int main(int argc, char** argv) {
   SimStats total;
   std::uint64_t ran = 0;
   std::uint64_t failures = 0;
+  std::optional<std::uint64_t> first_failure;
   for (std::uint64_t seed = start;; ++seed) {
     if (soak ? ((ran % 256) == 0 && elapsed() >= options.duration_seconds) : ran == options.seeds) break;
-    if (!run_seed(program, seed, options, total)) ++failures;
+    if (!run_seed(program, seed, options, total, failures < options.max_reported)) {
+      ++failures;
+      if (!first_failure) first_failure = seed;
+    }
     ++ran;
   }
   const double seconds = elapsed();
@@ -162,5 +171,6 @@ int main(int argc, char** argv) {
              seconds > 0 ? static_cast<double>(ran) / seconds : 0.0, failures, total.events, total.attempts,
              total.established, total.collisions, total.taken_back, total.rejected_duplicate, total.replaced,
              total.timed_out, total.crashes, total.partitions, total.work_requests, total.dropped, total.mras);
+  if (first_failure) fmt::print("  first failing seed: {}\n", *first_failure);
   return failures == 0 ? 0 : 1;
 }
