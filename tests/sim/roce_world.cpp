@@ -7,10 +7,13 @@
 // Phases: chaos (every fault), a final round without loss or partitions in which pairs connect
 // from one or both sides, then a teardown that closes everything. Properties:
 //  - uniqueness: no node ever holds two established connections for one (peer, tag);
-//  - liveness: every attempt ends (ESTABLISHED or an error) by its deadline; after the final round
-//    every pair and tag that asked holds exactly one connection;
-//  - integrity: at quiescence both ends agree on every connection: each one's peer comm ID, QPN and
-//    starting PSN are the other's own (what an RC QP pair needs to carry data);
+//  - liveness: every attempt ends (ESTABLISHED or an error) by its deadline; between nodes that
+//    stayed up and could reach each other, without loss and with applications that answer, no
+//    attempt ends in an error; after the final round every pair and tag holds exactly one
+//    connection;
+//  - integrity: no connection ends unless an application closed it or a node restarted; at
+//    quiescence both ends agree on every connection: each one's peer comm ID, QPN and starting PSN
+//    are the other's own (what an RC QP pair needs to carry data);
 //  - no leak: once everything is closed and every timer ran out, agents hold no connection, id,
 //    pending REQ, timer or resolver state.
 #include <fmt/format.h>
@@ -70,7 +73,10 @@ struct AppId {
   std::uint32_t tag = 0;
   bool established = false;
   bool answered = false;  // passive: the application accepted or rejected it
+  bool closed = false;    // this application closed it
+  Time start{};           // active: when the application connected
   Time deadline{};
+  std::uint32_t peer_epoch = 0;  // the peer's incarnation when it was ESTABLISHED here
   std::uint32_t qpn = 0;  // ours, as given to connect() or accept()
   std::uint32_t psn = 0;
   std::uint32_t local_comm = 0;
@@ -85,6 +91,10 @@ struct RoceNode {
   std::uint32_t next_qpn = 0;
   std::optional<Time> timer;
   std::map<ib::IbCmId, AppId> ids;
+  std::vector<std::pair<Time, Time>> down;  // [crash, restart) windows
+  std::vector<std::uint32_t> closed_comms;       // local comm IDs of connections this application closed
+  std::vector<std::uint32_t> established_comms;  // local comm IDs of connections ever ESTABLISHED here
+  std::vector<std::tuple<Time, int, std::uint32_t>> closes;  // (when, peer, tag) this application closed
 };
 
 enum class Phase : std::uint8_t { chaos, final_round, teardown };
@@ -272,6 +282,7 @@ class RoceWorld {
         RoceNode& n = node(e.node);
         if (n.up || n.epoch != e.epoch) return;
         ++n.epoch;
+        n.down.back().second = now_;
         open(e.node);
         trace("n{}#{}: RESTART", e.node, n.epoch);
         break;
@@ -300,8 +311,8 @@ class RoceWorld {
     }
     ++result_.stats.attempts;
     trace("n{}: connect c{} to n{} tag {} qpn {:#x}", a, *id, b, tag, qpn);
-    n.ids[*id] = AppId{.active = true, .peer = b, .tag = tag, .deadline = now_ + kConnectTimeout, .qpn = qpn,
-                       .psn = psn};
+    n.ids[*id] = AppId{.active = true, .peer = b, .tag = tag, .start = now_, .deadline = now_ + kConnectTimeout,
+                       .qpn = qpn, .psn = psn};
   }
 
   // docs/p2p.md, rule 5 refined: a connect whose key has a CONNECT_REQUEST the application has
@@ -321,6 +332,7 @@ class RoceWorld {
       trace("n{}: connect to n{} tag {} takes the unseen request c{} (qpn {:#x})", a, b, tag, id, qpn);
       app.answered = true;
       app.active = true;
+      app.start = now_;
       app.deadline = now_ + kConnectTimeout;
       app.qpn = qpn;
       app.psn = psn;
@@ -356,6 +368,9 @@ class RoceWorld {
     if (!n.agent->disconnect(id, now_)) return;
     trace("n{}: close c{}", i, id);
     it->second.established = false;
+    it->second.closed = true;
+    n.closed_comms.push_back(it->second.local_comm);
+    n.closes.emplace_back(now_, it->second.peer, it->second.tag);
     const AppId app = it->second;
     pump(i);
     if (phase_ == Phase::chaos && rng_.percent(30)) {
@@ -371,6 +386,7 @@ class RoceWorld {
     collect_stats(*n.agent);
     n.agent.reset();
     n.up = false;
+    n.down.emplace_back(now_, Time::max());
     n.ids.clear();
     n.timer.reset();
     schedule({.at = now_ + downtime, .kind = Ev::restart, .node = i, .epoch = n.epoch});
@@ -429,6 +445,8 @@ class RoceWorld {
         app.established = true;
         app.local_comm = e.local_comm_id;
         app.remote = e.peer;
+        app.peer_epoch = node(app.peer).epoch;
+        n.established_comms.push_back(app.local_comm);
         ++result_.stats.established;
         trace("n{}: c{} ESTABLISHED (comm {:#x} <-> {:#x})", i, e.id, app.local_comm, app.remote.comm_id);
         int count = 0;
@@ -454,6 +472,12 @@ class RoceWorld {
             violation(fmt::format("liveness: n{} attempt c{} ended after its deadline", i, e.id));
             return;
           }
+          if (e.kind != AgentEvent::rejected && !excused(i, it->second)) {
+            violation(fmt::format("liveness: n{}'s attempt c{} to n{} tag {} (started at {:.3f} ms) ended in an "
+                                  "error though both nodes stayed up and nothing was lost",
+                                  i, e.id, it->second.peer, it->second.tag, ms(it->second.start)));
+            return;
+          }
         }
         trace("n{}: c{} ends ({})", i, e.id, static_cast<int>(e.kind));
         n.ids.erase(it);
@@ -461,13 +485,54 @@ class RoceWorld {
       }
       case AgentEvent::disconnected: {
         trace("n{}: c{} DISCONNECTED", i, e.id);
-        if (auto it = n.ids.find(e.id); it != n.ids.end()) it->second.established = false;
+        auto it = n.ids.find(e.id);
+        if (it == n.ids.end()) return;
+        const AppId& app = it->second;
+        const RoceNode& peer = node(app.peer);
+        const auto known = [&](const std::vector<std::uint32_t>& comms) {
+          return std::find(comms.begin(), comms.end(), app.remote.comm_id) != comms.end();
+        };
+        // A connection ends rightly when an application closed it, when the peer restarted, or
+        // when it never was ESTABLISHED at the peer (its RTU was lost: the peer's side failed).
+        const bool explained = app.closed || !app.established || peer.epoch != app.peer_epoch || !peer.up ||
+                               known(peer.closed_comms) || !known(peer.established_comms);
+        if (!explained) {
+          violation(fmt::format("integrity: n{}'s connection c{} to n{} tag {} ended though neither application "
+                                "closed it and n{} did not restart",
+                                i, e.id, app.peer, app.tag, app.peer));
+          return;
+        }
+        it->second.established = false;
         return;
       }
       case AgentEvent::timewait_exit:
         n.ids.erase(e.id);
         return;
     }
+  }
+
+  // Whether an attempt may rightly end in an error: a crash of either node within one timeout
+  // before it or during it, a partition between them meanwhile, any loss in this phase, a peer
+  // application that leaves requests unanswered, or one that closed a connection of this key
+  // meanwhile (the one the attempt was bound to, before it was ESTABLISHED here).
+  bool excused(int i, const AppId& attempt) const {
+    if (phase_ == Phase::chaos && (faults_.loss_percent > 0 || silent_ > 0)) return true;
+    for (const auto& [when, peer, tag] : nodes_[static_cast<std::size_t>(attempt.peer)].closes) {
+      if (peer == i && tag == attempt.tag && when >= attempt.start) return true;
+    }
+    const Time from = attempt.start - kConnectTimeout;
+    for (int n : {i, attempt.peer}) {
+      for (const auto& [crash, restart] : nodes_[static_cast<std::size_t>(n)].down) {
+        if (crash <= now_ && restart >= from) return true;
+      }
+    }
+    for (const Partition& p : network_.partitions()) {
+      if (((p.a == i && p.b == attempt.peer) || (p.a == attempt.peer && p.b == i)) && p.from <= now_ &&
+          p.until >= from) {
+        return true;
+      }
+    }
+    return false;
   }
 
   // At quiescence: every attempt has ended, every delivered request has been answered.
