@@ -137,9 +137,10 @@ int main(int argc, char** argv) {
                  peercm::sim::replay_command(program, *options.seed, options.config));
       return 1;
     }
-    fmt::print("p2p_sim: seed {} ok ({} events, {} attempts, {} established, {} collisions)\n",
+    fmt::print("p2p_sim: seed {} ok ({} events, {} attempts, {} established, {} collisions, {} duplicates "
+               "rejected, {} replaced)\n",
                *options.seed, result.stats.events, result.stats.attempts, result.stats.established,
-               result.stats.collisions);
+               result.stats.collisions, result.stats.rejected_duplicate, result.stats.replaced);
     return 0;
   }
 

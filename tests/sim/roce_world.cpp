@@ -111,7 +111,7 @@ class RoceWorld {
                      .duplicate_percent = rng_.percent(60) ? static_cast<unsigned>(rng_.between(0, 10)) : 0u};
     network_.set_faults(faults_);
     simultaneous_ = static_cast<unsigned>(rng_.between(30, 90));
-    reject_ = rng_.percent(50) ? static_cast<unsigned>(rng_.between(0, 20)) : 0u;
+    reject_ = rng_.percent(50) ? static_cast<unsigned>(rng_.between(0, 30)) : 0u;
     slow_ = rng_.percent(50) ? static_cast<unsigned>(rng_.between(0, 30)) : 0u;
     silent_ = rng_.percent(20) ? static_cast<unsigned>(rng_.between(0, 10)) : 0u;
     close_ = static_cast<unsigned>(rng_.between(0, 50));
@@ -121,6 +121,10 @@ class RoceWorld {
     shared_guid_ = rng_.percent(20);
     timing_ = {.packet_lifetime = 10, .cm_response_timeout = 12, .max_cm_retries = 4, .service_timeout = 14,
                .timewait = 13};
+    // Some seeds give nodes with one GUID the same QPN sequence too (identical processes): then
+    // only the incarnation orders their colliding attempts (rule 3's tie-break).
+    shared_qpns_ = shared_guid_ && rng_.percent(50);
+    first_qpn_ = static_cast<std::uint32_t>(rng_.between(0x100, 0x400000));
     for (int i = 0; i < nodes_count_; ++i) {
       nodes_.emplace_back();
       nodes_.back().guid = shared_guid_ ? 0x5000 : 0x5000 + rng_.next() % 0x1000;
@@ -230,7 +234,7 @@ class RoceWorld {
     n.agent = std::make_unique<ib::IbCmAgent>(agent_config);
     n.agent->listen(kPort);
     n.up = true;
-    n.next_qpn = static_cast<std::uint32_t>(rng_.between(0x100, 0x400000));
+    n.next_qpn = shared_qpns_ ? first_qpn_ : static_cast<std::uint32_t>(rng_.between(0x100, 0x400000));
     n.timer.reset();
   }
 
@@ -357,7 +361,14 @@ class RoceWorld {
     } else {
       const auto status = n.agent->reject(e.id, {}, now_);
       trace("n{}: reject c{}: {}", e.node, e.id, status ? "ok" : "EINVAL");
+      const AppId rejected = it->second;
       if (status) n.ids.erase(it);
+      // Some applications turn a request down to connect themselves: the two attempts may meet
+      // (docs/p2p-resolver.md, decision 2: the active peer holds the losing request).
+      if (status && rng_.percent(50)) {
+        schedule({.at = now_ + upto(faults_.max_delay), .kind = Ev::connect, .node = e.node, .peer = rejected.peer,
+                  .tag = rejected.tag});
+      }
     }
   }
 
@@ -645,6 +656,8 @@ class RoceWorld {
   int crashes_ = 0;
   int partitions_ = 0;
   bool shared_guid_ = false;
+  bool shared_qpns_ = false;
+  std::uint32_t first_qpn_ = 0;
   ib::IbCmTiming timing_;
   Phase phase_ = Phase::chaos;
   Time now_ = Time{} + 1s;
