@@ -25,8 +25,6 @@ constexpr std::size_t kZeroCopyThreshold = 8192;
 // FPDU bytes kept from before the engine starts: a first FPDU sent early, not a stream.
 constexpr std::size_t kMaxEarlyBytes = 64 * 1024;
 
-core::Time core_now() { return core::Time(std::chrono::steady_clock::now().time_since_epoch()); }
-
 }  // namespace
 
 std::string_view rtr_name(core::RtrType rtr) {
@@ -35,19 +33,6 @@ std::string_view rtr_name(core::RtrType rtr) {
     case core::RtrType::write: return "zero-length Write";
     case core::RtrType::read: return "zero-length Read";
     case core::RtrType::send: return "zero-length Send";
-  }
-  return "?";
-}
-
-std::string_view failure_name(core::MpaFailure failure) {
-  switch (failure) {
-    case core::MpaFailure::timeout: return "no MPA frame before the connect timeout";
-    case core::MpaFailure::bad_frame: return "malformed MPA frame";
-    case core::MpaFailure::markers_requested: return "the peer asked for MPA Markers, which peercm refuses";
-    case core::MpaFailure::crc_conflict: return "CRC policies conflict";
-    case core::MpaFailure::insufficient_ird: return "our IRD cannot meet the responder's ORD (Terminate 2/0/6)";
-    case core::MpaFailure::no_matching_rtr: return "no common RTR type (Terminate 2/0/7)";
-    case core::MpaFailure::connection_closed: return "the peer closed the TCP connection during setup";
   }
   return "?";
 }
@@ -75,14 +60,11 @@ Connection::~Connection() {
     ctx_->reactor.remove(fd_);
     ::close(fd_);
   }
-  if (mpa_timer_) ctx_->reactor.cancel_timer(*mpa_timer_);
 }
 
 Result<std::shared_ptr<Connection>, std::errc> Connection::open(std::shared_ptr<ContextImpl> ctx,
                                                                 const sockaddr_in& destination,
                                                                 const std::optional<sockaddr_in>& source,
-                                                                const core::MpaConfig& config,
-                                                                std::vector<std::uint8_t> request_private_data,
                                                                 Callbacks callbacks, int bound_fd) {
   const int fd = bound_fd >= 0 ? bound_fd : ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return fail(static_cast<std::errc>(errno));
@@ -97,34 +79,24 @@ Result<std::shared_ptr<Connection>, std::errc> Connection::open(std::shared_ptr<
     }
   }
   auto conn = std::make_shared<Connection>(ctx, fd, std::move(callbacks));
-  conn->config_ = config;
   conn->peer_ = destination;
-  conn->request_private_data_ = std::move(request_private_data);
-  // Created now so that its deadline bounds the TCP connect as well.
-  conn->initiator_.emplace(config, conn->request_private_data_, core_now());
+  conn->initiator_ = true;
   conn->phase_ = Phase::tcp_connecting;
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&destination), sizeof destination) != 0 &&
       errno != EINPROGRESS) {
     return fail(static_cast<std::errc>(errno));  // the destructor closes fd
   }
-  conn->send_request_early();
-  conn->register_io();
-  // The whole setup, TCP included, is bounded by the connect timeout.
-  conn->arm_mpa_timer(std::chrono::steady_clock::now() + config.timeout);
+  // Registered once the first setup bytes (the Request) are offered: send_setup().
   return conn;
 }
 
 Result<std::shared_ptr<Connection>, std::errc> Connection::adopt(std::shared_ptr<ContextImpl> ctx, int fd,
-                                                                 const sockaddr_in& peer, const core::MpaConfig& config,
-                                                                 Callbacks callbacks) {
+                                                                 const sockaddr_in& peer, Callbacks callbacks) {
   // No set_socket_options(): an accepted socket inherits TCP_NODELAY from its listener.
   auto conn = std::make_shared<Connection>(ctx, fd, std::move(callbacks));
   conn->peer_ = peer;
-  conn->config_ = config;
-  conn->responder_.emplace(config, core_now());
   conn->phase_ = Phase::mpa;
   conn->register_io();
-  conn->arm_mpa_timer(std::chrono::steady_clock::now() + config.timeout);
   return conn;
 }
 
@@ -144,31 +116,6 @@ void Connection::update_interest() {
   [[maybe_unused]] auto ok = ctx_->reactor.modify(fd_, EPOLLIN | EPOLLRDHUP | (want_write_ ? EPOLLOUT : 0u));
 }
 
-void Connection::arm_mpa_timer(std::chrono::steady_clock::time_point deadline) {
-  std::weak_ptr<Connection> weak = weak_from_this();
-  mpa_timer_ = ctx_->reactor.add_timer(deadline, [weak] {
-    if (auto self = weak.lock()) self->on_mpa_timeout();
-  });
-}
-
-void Connection::on_mpa_timeout() {
-  mpa_timer_.reset();
-  auto self = shared_from_this();
-  if (phase_ == Phase::tcp_connecting) {
-    close_socket();
-    if (auto callback = callbacks_.tcp_failed) callback(ETIMEDOUT);
-    return;
-  }
-  if (phase_ != Phase::mpa) return;
-  const auto now = core_now();
-  if (initiator_) initiator_->handle_timeout(now);
-  if (responder_) responder_->handle_timeout(now);
-  drain_mpa_events();
-  // The core started its clock after the TCP connect: follow its own deadline.
-  std::optional<core::Time> deadline = initiator_ ? initiator_->deadline() : responder_ ? responder_->deadline() : std::nullopt;
-  if (phase_ == Phase::mpa && deadline && !mpa_timer_) arm_mpa_timer(std::chrono::steady_clock::time_point(deadline->time_since_epoch()));
-}
-
 // The caller holds a reference (callbacks may drop the owner's).
 void Connection::on_io(std::uint32_t events) {
   if (phase_ == Phase::tcp_connecting) {
@@ -184,17 +131,27 @@ void Connection::on_io(std::uint32_t events) {
 // goes out now, and no EPOLLOUT round (and no epoll_ctl to drop it after) is needed. A socket
 // still connecting refuses with EAGAIN and waits for EPOLLOUT as usual. A refused connect
 // reports its error here, once (the send clears SO_ERROR), so it is kept for on_connected().
-void Connection::send_request_early() {
-  const std::span<const std::uint8_t> request = initiator_->pending_transmit();
-  const ssize_t n = ::send(fd_, request.data(), request.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+void Connection::send_setup(std::span<const std::uint8_t> bytes) {
+  if (fd_ < 0) return;
+  setup_out_.insert(setup_out_.end(), bytes.begin(), bytes.end());
+  if (phase_ != Phase::tcp_connecting) {
+    transmit_setup();
+    return;
+  }
+  if (registered_) return;  // waiting for EPOLLOUT
+  const ssize_t n = ::send(fd_, setup_out_.data(), setup_out_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   if (n < 0) {
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) early_connect_error_ = errno;
     want_write_ = true;
-    return;
+  } else {
+    setup_out_.erase(setup_out_.begin(), setup_out_.begin() + n);
+    phase_ = Phase::mpa;
+    want_write_ = !setup_out_.empty();
   }
-  initiator_->consume_transmit(static_cast<std::size_t>(n));
-  phase_ = Phase::mpa;
-  want_write_ = !initiator_->pending_transmit().empty();
+  register_io();
+  if (phase_ == Phase::mpa) {
+    if (auto callback = callbacks_.tcp_connected) callback();
+  }
 }
 
 void Connection::on_connected(std::uint32_t events) {
@@ -206,13 +163,16 @@ void Connection::on_connected(std::uint32_t events) {
     ::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &error, &len);
   }
   if (error != 0) {
-    close_socket();
+    // The CM hears of the failure before the close, which then says nothing new.
+    auto self = shared_from_this();
     if (auto callback = callbacks_.tcp_failed) callback(error);
+    close_socket();
     return;
   }
   phase_ = Phase::mpa;
   if (registered_) ctx_->reactor.poll_directly(fd_, true);
-  transmit_mpa();
+  transmit_setup();
+  if (auto callback = callbacks_.tcp_connected) callback();
 }
 
 void Connection::receive() {
@@ -267,7 +227,7 @@ void Connection::receive() {
     if (n > 0) {
       const std::span<const std::uint8_t> bytes(rx_buffer.data(), static_cast<std::size_t>(n));
       if (phase_ == Phase::mpa) {
-        receive_mpa(bytes);
+        receive_setup(bytes);
       } else if (phase_ == Phase::running || phase_ == Phase::closing) {
         feed_engine(bytes);
         if (qp_) header_sized_reads_ = expects_large_payload();
@@ -281,10 +241,7 @@ void Connection::receive() {
     peer_closed_ = n == 0;
     socket_failed_ = n < 0;
     if (phase_ == Phase::mpa) {
-      if (initiator_) initiator_->handle_connection_closed();
-      if (responder_) responder_->handle_connection_closed();
-      drain_mpa_events();
-      if (phase_ == Phase::mpa) close_socket();
+      close_socket();  // the CM hears of it through `closed`
     } else if (qp_ && phase_ == Phase::running) {
       if (n == 0) {
         qp_->engine.handle_peer_closed();
@@ -306,28 +263,22 @@ bool Connection::expects_large_payload() {
          qp_->engine.last_message_largest_segment() >= kZeroCopyThreshold;
 }
 
-bool Connection::silent() const {
-  if (heard_from_peer_ || fd_ < 0) return false;
-  std::uint8_t byte = 0;
-  // EAGAIN: nothing sent; 0 or an error: gone, which is no reason to keep the place either.
-  return ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) <= 0;
-}
-
-void Connection::receive_mpa(std::span<const std::uint8_t> bytes) {
-  heard_from_peer_ = true;
-  std::size_t used = 0;
-  if (initiator_) used = initiator_->handle_bytes(bytes);
-  if (responder_) used = responder_->handle_bytes(bytes);
-  if (used < bytes.size()) early_bytes_.insert(early_bytes_.end(), bytes.begin() + static_cast<std::ptrdiff_t>(used), bytes.end());
-  drain_mpa_events();
-  if (phase_ == Phase::mpa && early_bytes_.size() > kMaxEarlyBytes) {
+void Connection::receive_setup(std::span<const std::uint8_t> bytes) {
+  auto self = shared_from_this();
+  const std::size_t used = callbacks_.setup_bytes ? callbacks_.setup_bytes(bytes) : bytes.size();
+  if (used >= bytes.size() || fd_ < 0) return;
+  const auto rest = bytes.subspan(used);
+  if (phase_ == Phase::running) {
+    feed_engine(rest);  // the CM started the stream while handling these bytes
+    return;
+  }
+  if (phase_ != Phase::mpa) return;
+  early_bytes_.insert(early_bytes_.end(), rest.begin(), rest.end());
+  if (early_bytes_.size() > kMaxEarlyBytes) {
     // RFC 5044 §7.1.2: FPDUs follow the Reply. A peer streaming before it got one (while our
     // application decides) would otherwise be buffered without bound: give the setup up.
     std::vector<std::uint8_t>().swap(early_bytes_);
-    if (initiator_) initiator_->handle_connection_closed();
-    if (responder_) responder_->handle_connection_closed();
-    drain_mpa_events();
-    if (phase_ == Phase::mpa) close_socket();
+    close_socket();
   }
 }
 
@@ -338,85 +289,49 @@ void Connection::feed_engine(std::span<const std::uint8_t> bytes) {
   transmit();
 }
 
-void Connection::drain_mpa_events() {
-  auto self = shared_from_this();
-  for (;;) {
-    std::optional<core::MpaEvent> event;
-    if (initiator_) event = initiator_->poll_event();
-    if (!event && responder_) event = responder_->poll_event();
-    if (!event) break;
-    switch (event->kind) {
-      case core::MpaEvent::Kind::established:
-        result_ = event->result;
-        PEERCM_LOG(info, "mpa", "{} {}: established, revision {}, CRC {}, IRD {} ORD {}, RTR {}",
-                  initiator_ ? "initiator to" : "responder for", log::address(peer_), result_->revision,
-                  result_->crc ? "on" : "off", result_->ird, result_->ord, rtr_name(result_->rtr));
-        if (mpa_timer_) {
-          ctx_->reactor.cancel_timer(*mpa_timer_);
-          mpa_timer_.reset();
-        }
-        transmit_mpa();  // the responder's Reply goes out before any FPDU
-        start_engine();
-        break;
-      case core::MpaEvent::Kind::request_received:
-        break;
-      case core::MpaEvent::Kind::rejected:
-      case core::MpaEvent::Kind::failed:
-        if (event->kind == core::MpaEvent::Kind::rejected) {
-          PEERCM_LOG(info, "mpa", "initiator to {}: the peer rejected the Request", log::address(peer_));
-        } else {
-          PEERCM_LOG(warn, "mpa", "{} {}: setup failed: {}", initiator_ ? "initiator to" : "responder for",
-                    log::address(peer_), failure_name(event->failure));
-        }
-        if (mpa_timer_) {
-          ctx_->reactor.cancel_timer(*mpa_timer_);
-          mpa_timer_.reset();
-        }
-        transmit_mpa();  // a reject Reply still goes out
-        break;
-    }
-    // A copy: the callback may replace this connection's callbacks.
-    if (auto callback = callbacks_.mpa_event) callback(*event);
-    if (event->kind == core::MpaEvent::Kind::rejected || event->kind == core::MpaEvent::Kind::failed) {
-      if (event->send_terminate && qp_) {
-        // RFC 6581 §8: 2/0/6 or 2/0/7 go out as a Terminate before the connection closes.
-        const std::uint8_t code = event->failure == core::MpaFailure::insufficient_ird ? 0x06 : 0x07;
-        core::StreamParams params;
-        params.crc = event->result.crc;
-        qp_->engine.connect(params);
-        qp_->engine.terminate(wire::TerminateCode{wire::TerminateLayer::llp, 0x0, code});
-        phase_ = Phase::closing;
-        transmit();
-        drain_qp_events();
-      } else {
-        close_socket();
-      }
-      return;
-    }
-  }
-  transmit_mpa();
-}
-
-void Connection::transmit_mpa() {
-  for (;;) {
-    std::span<const std::uint8_t> bytes = initiator_ ? initiator_->pending_transmit()
-                                          : responder_ ? responder_->pending_transmit()
-                                                       : std::span<const std::uint8_t>{};
-    if (bytes.empty() || fd_ < 0) break;
-    const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+void Connection::transmit_setup() {
+  while (!setup_out_.empty() && fd_ >= 0) {
+    const ssize_t n = ::send(fd_, setup_out_.data(), setup_out_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
       want_write_ = errno == EAGAIN || errno == EWOULDBLOCK;
       update_interest();
       return;
     }
-    if (initiator_) initiator_->consume_transmit(static_cast<std::size_t>(n));
-    if (responder_) responder_->consume_transmit(static_cast<std::size_t>(n));
+    setup_out_.erase(setup_out_.begin(), setup_out_.begin() + n);
   }
   if (want_write_ && phase_ != Phase::running) {
     want_write_ = false;
     update_interest();
   }
+}
+
+void Connection::start(std::shared_ptr<QueuePairImpl> qp, const core::MpaResult& result, bool initiator) {
+  initiator_ = initiator;
+  result_ = result;
+  PEERCM_LOG(info, "mpa", "{} {}: established, revision {}, CRC {}, IRD {} ORD {}, RTR {}",
+             initiator ? "initiator to" : "responder for", log::address(peer_), result.revision,
+             result.crc ? "on" : "off", result.ird, result.ord, rtr_name(result.rtr));
+  transmit_setup();  // the responder's Reply goes out before any FPDU
+  qp_ = std::move(qp);
+  start_engine();
+}
+
+void Connection::terminate_setup(std::shared_ptr<QueuePairImpl> qp, bool crc, std::uint8_t code) {
+  if (fd_ < 0) return;
+  transmit_setup();
+  if (!qp) {
+    close_socket();
+    return;
+  }
+  qp_ = std::move(qp);
+  core::StreamParams params;
+  params.crc = crc;
+  qp_->engine.connect(params);
+  qp_->engine.terminate(wire::TerminateCode{wire::TerminateLayer::llp, 0x0, code});
+  phase_ = Phase::closing;
+  transmit();
+  drain_qp_events();
 }
 
 void Connection::start_engine() {
@@ -428,7 +343,7 @@ void Connection::start_engine() {
   params.mulpdu = wire::mulpdu_for_emss(emss);
   params.ird = r.ird;
   params.ord = r.ord;
-  params.responder = responder_.has_value();
+  params.responder = !initiator_;
   if (r.rtr != core::RtrType::none) {
     if (initiator_) params.send_rtr = r.rtr;
     else params.expect_rtr = r.rtr;
@@ -464,7 +379,7 @@ void Connection::start_engine() {
 void Connection::transmit() {
   if (fd_ < 0) return;
   if (phase_ == Phase::mpa || phase_ == Phase::tcp_connecting) {
-    transmit_mpa();
+    transmit_setup();
     return;
   }
   if (!qp_) return;
@@ -552,24 +467,6 @@ void Connection::deliver_qp_events() {
   } while (qp_ && (event = qp_->engine.poll_event()));
 }
 
-void Connection::accept(std::shared_ptr<QueuePairImpl> qp, std::uint16_t ird, std::uint16_t ord,
-                        std::span<const std::uint8_t> private_data) {
-  if (!responder_) return;
-  qp_ = std::move(qp);
-  responder_->accept(ird, ord, private_data);
-  drain_mpa_events();
-}
-
-void Connection::reject(std::span<const std::uint8_t> private_data) {
-  if (!responder_) return;
-  responder_->reject(private_data);
-  drain_mpa_events();
-  transmit_mpa();
-  close_socket();
-}
-
-void Connection::bind_qp(std::shared_ptr<QueuePairImpl> qp) { qp_ = std::move(qp); }
-
 void Connection::disconnect() {
   if (fd_ < 0) return;
   if (qp_ && phase_ == Phase::running) {
@@ -593,11 +490,7 @@ void Connection::abort() {
 
 void Connection::close_socket(bool send_fin) {
   if (fd_ < 0) return;
-  if (mpa_timer_) {
-    ctx_->reactor.cancel_timer(*mpa_timer_);
-    mpa_timer_.reset();
-  }
-  ctx_->reactor.remove(fd_);
+  if (registered_) ctx_->reactor.remove(fd_);
   registered_ = false;
   // After the peer's FIN close() sends ours, and a reset socket sends nothing: no shutdown().
   if (send_fin && !peer_closed_ && !socket_failed_) ::shutdown(fd_, SHUT_WR);

@@ -24,7 +24,6 @@ ContextImpl::ContextImpl(const ContextOptions& options)
       incarnation(random_u64()),
       mode(options.progress),
       timewait(options.timewait),
-      p2p(std::make_unique<P2pDriver>(*this)),
       roce_options(options.roce) {
   // Before the progress thread starts: a process still single-threaded grows it for free.
   engine::reserve_descriptor_table(options.reserved_descriptors);
@@ -34,6 +33,7 @@ ContextImpl::ContextImpl(const ContextOptions& options)
 ContextImpl::~ContextImpl() {
   reactor.stop_thread();
   std::lock_guard lock(mutex);  // the reactor's rule for remove() and cancel_timer()
+  for (auto& cm : cms) cm.reset();
   roce.reset();
 }
 

@@ -2,6 +2,7 @@
 // context, the reactor that drives its sockets, and its memory table.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -14,7 +15,7 @@
 #include "engine/tcp_mss.hpp"
 #include "peercm/cm.hpp"
 #include "peercm/verbs.hpp"
-#include "api/p2p_driver.hpp"
+#include "api/transport_cm.hpp"
 
 namespace peercm::detail {
 
@@ -71,8 +72,8 @@ struct ContextImpl {
   CmStats stats;
   std::unique_ptr<std::uint8_t[]> receive_scratch;  // shared by the context's connections
   engine::EmssCache emss_cache;                    // sizes the connections' FPDUs
-  std::uint16_t p2p_listen_port = 0;  // advertised in CM headers: the first listener's port
-  std::unique_ptr<P2pDriver> p2p;
+  // The connection managers of the transports (transport_cm()), made on first use.
+  std::array<std::unique_ptr<TransportCm>, 2> cms;
   // QPs made without a CmId (QueuePair::create), by number: rdma_cm's conn_param.qp_num.
   std::unordered_map<std::uint32_t, std::weak_ptr<QueuePairImpl>> standalone_qps;
   // Atomic: application threads create objects without the lock while the progress thread

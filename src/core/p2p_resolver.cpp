@@ -56,6 +56,41 @@ Status<std::errc> P2pResolver::connect(const P2pKey& key, AttemptId attempt, Lin
   return {};
 }
 
+Status<std::errc> P2pResolver::connect(const P2pKey& key, AttemptId attempt, LinkId attempt_link,
+                                       Time deadline, Time now, const TakeBack& take_back) {
+  expire(now);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.state != KeyState::delivered || !take_back) {
+    return connect(key, attempt, attempt_link, deadline);
+  }
+  if (attempt_link == 0 || links_.contains(attempt_link) || attempts_.contains(attempt)) {
+    return fail(std::errc::invalid_argument);
+  }
+  // Rule 5 refined (docs/p2p.md, Rules, R5): "delivered" means fetched. A request the
+  // application has not fetched is taken back and meets the attempt as rule 3 says.
+  const Entry delivered = it->second;
+  if (!take_back(delivered.link)) return fail(std::errc::connection_already_in_progress);
+  const PeerRequest request{.link = delivered.link,
+                            .incarnation = delivered.peer_incarnation,
+                            .attempt = delivered.peer_cmid.value_or(0),
+                            .guid = delivered.peer_guid};
+  if (stats_.delivered > 0) --stats_.delivered;  // it never reached the application
+  forget(it);
+  auto admitted = connect(key, attempt, attempt_link, deadline);
+  assert(admitted);
+  if (!admitted) return admitted;
+  on_request_while_requesting(entries_.find(key), request,
+                              NodeIdentity{.guid = request.guid, .incarnation = request.incarnation});
+  return {};
+}
+
+bool P2pResolver::attempt_dials(AttemptId attempt, LinkId attempt_link) const {
+  auto at = attempts_.find(attempt);
+  if (at == attempts_.end()) return false;
+  auto it = entries_.find(at->second);
+  return it != entries_.end() && it->second.state == KeyState::requesting && it->second.link == attempt_link;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inputs: the connection manager
 
@@ -72,7 +107,7 @@ void P2pResolver::handle_request(const P2pKey& key, LinkId link, const NodeIdent
     return;
   }
 
-  const PeerRequest request{.link = link, .incarnation = peer.incarnation, .attempt = peer_attempt};
+  const PeerRequest request{.link = link, .incarnation = peer.incarnation, .attempt = peer_attempt, .guid = peer.guid};
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     deliver(key, request);  // rule 4: no local attempt, no connection
@@ -292,7 +327,8 @@ void P2pResolver::deliver(const P2pKey& key, const PeerRequest& request) {
   entries_.emplace(key, Entry{.state = KeyState::delivered,
                               .link = request.link,
                               .peer_incarnation = request.incarnation,
-                              .peer_cmid = request.attempt});
+                              .peer_cmid = request.attempt,
+                              .peer_guid = request.guid});
   links_.emplace(request.link, key);
   ++stats_.delivered;
   emit({.kind = P2pAction::Kind::deliver_request, .key = key, .link = request.link});

@@ -9,6 +9,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -102,6 +103,20 @@ class P2pResolver {
   // attempt ends (established / failed) by `deadline`. EINVAL for an attempt id or link that is
   // already in use, or link 0.
   Status<std::errc> connect(const P2pKey& key, AttemptId attempt, LinkId attempt_link, Time deadline);
+  // The same with the unseen-request rule (docs/p2p.md, Rules, R5): when a delivered request
+  // for `key` is undecided, the resolver asks `take_back` (with the request's link) to take its
+  // CONNECT_REQUEST back from the application if the application has not fetched it. If it
+  // did (true), that request meets the new attempt as a colliding request (rule 3), before the
+  // attempt has sent anything: either the attempt is bound to it at once (accept_into_attempt,
+  // aborted_link = `attempt_link`, which then never carries a request: see attempt_dials()) or
+  // the attempt's request goes out and the taken-back request is held. If it did not (false),
+  // EALREADY as above. Every transport uses this entry point; only the taking back is theirs.
+  using TakeBack = std::function<bool(LinkId request_link)>;
+  Status<std::errc> connect(const P2pKey& key, AttemptId attempt, LinkId attempt_link, Time deadline,
+                            Time now, const TakeBack& take_back);
+  // Whether `attempt` still waits for a reply on `attempt_link` (its own request must go out):
+  // false once connect() bound it to a taken-back request.
+  bool attempt_dials(AttemptId attempt, LinkId attempt_link) const;
 
   // --- inputs: the connection manager / transport ---
   // An incoming p2p request on `link` for `key` from `peer`, whose attempt id is
@@ -167,6 +182,7 @@ class P2pResolver {
     LinkId link = 0;  // 0: none
     std::uint64_t incarnation = 0;
     AttemptId attempt = 0;
+    std::uint64_t guid = 0;  // the sender's node GUID (rule 3's order for a taken-back request)
   };
 
   struct Entry {
@@ -178,6 +194,7 @@ class P2pResolver {
     PeerRequest held;       // requesting: the colliding request our attempt wins
     std::uint64_t peer_incarnation = 0;  // delivered / accepted / binding / established
     std::optional<AttemptId> peer_cmid;  // the peer's CmId on `link`, when known
+    std::uint64_t peer_guid = 0;         // delivered: the request's sender (unseen-request rule)
   };
 
   using Entries = std::map<P2pKey, Entry>;

@@ -7,7 +7,7 @@
 #include <atomic>
 #include <thread>
 
-#include "api/cm_id_impl.hpp"
+#include "api/iwarp_cm.hpp"
 #include "fault_fixture.hpp"
 #include "peer_process.hpp"
 
@@ -86,11 +86,9 @@ class ConnectFlood : public FaultTest {
   };
   Sample sample() {
     Sample s;
-    {
-      std::lock_guard lock(target.context->impl().mutex);
-      s.pending = listener->impl().pending;
-      s.handshaking = listener->impl().handshaking.size();
-    }
+    const auto backlog = detail::iwarp_backlog(*listener);
+    s.pending = backlog.pending;
+    s.handshaking = backlog.handshaking;
     s.fds = open_fds();
     s.heap = heap_bytes();
     return s;

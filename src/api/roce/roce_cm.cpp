@@ -36,13 +36,26 @@ sockaddr_in socket_address(Ipv4 address, std::uint16_t port) {
   return out;
 }
 
-RocePort* port_of(CmIdImpl& id) { return device_of(*id.ctx).find_port(id.roce_address); }
+RoceIdState& st(CmIdImpl& id) { return static_cast<RoceIdState&>(*id.transport_state); }
+const RoceIdState& st(const CmIdImpl& id) { return static_cast<const RoceIdState&>(*id.transport_state); }
+
+// The listener's backlog no longer counts this id: its request is decided (or gone).
+void release_pending(CmIdImpl& id) {
+  RoceIdState& state = st(id);
+  if (!state.counted_in_backlog) return;
+  state.counted_in_backlog = false;
+  if (auto l = state.listener.lock()) {
+    if (st(*l).pending > 0) --st(*l).pending;
+  }
+}
+
+RocePort* port_of(CmIdImpl& id) { return device_of(*id.ctx).find_port(st(id).address); }
 
 // The agent is done with this id: later events about its number are not ours.
 void end_agent_id(CmIdImpl& id) {
-  if (id.roce_id == 0) return;
-  device_of(*id.ctx).forget_id(id.roce_address, id.roce_id);
-  id.roce_id = 0;
+  if (st(id).agent_id == 0) return;
+  device_of(*id.ctx).forget_id(st(id).address, st(id).agent_id);
+  st(id).agent_id = 0;
 }
 
 void qp_to_error(CmIdImpl& id) {
@@ -51,21 +64,21 @@ void qp_to_error(CmIdImpl& id) {
 
 // ESTABLISHED: RTR and RTS with what the REQ/REP exchange agreed.
 bool start_queue_pair(CmIdImpl& id, const IbCmAgentEvent& event) {
-  if (!id.qp_impl && id.roce_qpn_without_qp) return true;  // nothing to start
+  if (!id.qp_impl && st(id).qpn_without_qp) return true;  // nothing to start
   if (!id.qp_impl || !id.qp_impl->roce) return false;
   RoceQp& qp = *id.qp_impl->roce;
   qp.remote_address = from_bytes(event.peer_address);
   core::roce::RcConnectParams params;
   params.local_qpn = qp.qpn;
   params.remote_qpn = event.peer.qpn;
-  params.send_psn = id.roce_psn;
+  params.send_psn = st(id).psn;
   params.recv_psn = event.peer.starting_psn;
   params.pmtu = path_mtu_between(qp.local_address, qp.remote_address);
   // Our reads in flight stay within what the peer keeps contexts for, and we keep as many
   // as we offered.
   params.max_rd_atomic = static_cast<std::uint8_t>(
-      std::max(1, std::min<int>(id.roce_param.initiator_depth, event.peer.responder_resources)));
-  params.max_dest_rd_atomic = static_cast<std::uint8_t>(std::max<int>(1, id.roce_param.responder_resources));
+      std::max(1, std::min<int>(st(id).param.initiator_depth, event.peer.responder_resources)));
+  params.max_dest_rd_atomic = static_cast<std::uint8_t>(std::max<int>(1, st(id).param.responder_resources));
   params.rnr_retry = event.peer.rnr_retry_count & 7;
   params.local_ip = to_bytes(qp.local_address);
   params.remote_ip = event.peer_address;
@@ -95,25 +108,25 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   // does for IB and RoCE (the kernel rejects the REQ beyond it). A p2p request is the
   // resolver's to decide, not the backlog's (as over iWARP).
   const bool counted = !event.peer_to_peer;
-  if (counted && listener->pending >= static_cast<std::size_t>(listener->backlog)) {
+  if (counted && st(*listener).pending >= static_cast<std::size_t>(st(*listener).backlog)) {
     (void)port.agent.reject(event.id, {}, now());
     listener->ctx->stats.rejects_sent[static_cast<int>(RejectReason::application)]++;
     return;
   }
-  auto child_impl = std::make_shared<CmIdImpl>(listener->ctx, listener->channel, listener->user_context);
+  auto child_impl = std::make_shared<CmIdImpl>(listener->ctx, listener->channel, listener->user_context, *listener->cm,
+                                                std::make_unique<RoceIdState>());
   child_impl->public_context = listener->public_context;
-  child_impl->transport = Transport::roce;
-  child_impl->datagram = event.datagram;
+    child_impl->datagram = event.datagram;
   child_impl->state = CmIdImpl::State::request_received;
   child_impl->peer_to_peer = event.peer_to_peer;
   child_impl->tag = event.tag;
-  child_impl->listener = listener;
+  st(*child_impl).listener = listener;
   if (counted) {
-    ++listener->pending;
-    child_impl->counted_in_backlog = true;
+    ++st(*listener).pending;
+    st(*child_impl).counted_in_backlog = true;
   }
-  child_impl->roce_id = event.id;
-  child_impl->roce_address = port.address;
+  st(*child_impl).agent_id = event.id;
+  st(*child_impl).address = port.address;
   child_impl->bound_address = socket_address(port.address, event.service_port);
   child_impl->peer = socket_address(from_bytes(event.peer_address), event.port);
   device.track_id(port.address, event.id, child_impl);
@@ -146,8 +159,9 @@ RoceDevice& device_of(ContextImpl& ctx) {
   return *ctx.roce;
 }
 
-Status<std::errc> listen(CmIdImpl& id) {
+Status<std::errc> listen(CmIdImpl& id, int backlog) {
   RoceDevice& device = device_of(*id.ctx);
+  st(id).backlog = backlog;
   // Unbound: INADDR_ANY and a free port, as over iWARP.
   const sockaddr_in bound = id.bound_address.value_or(sockaddr_in{.sin_family = AF_INET});
   const Ipv4 address = ntohl(bound.sin_addr.s_addr);
@@ -163,9 +177,9 @@ Status<std::errc> listen(CmIdImpl& id) {
     ports.push_back(*port);
   }
   std::uint16_t service = ntohs(bound.sin_port);
-  if (id.roce_reserved_service != 0) {
+  if (st(id).reserved_service != 0) {
     // The port its bind reserved becomes the listener's.
-    device.release_service(id.roce_reserved_address, std::exchange(id.roce_reserved_service, 0));
+    device.release_service(st(id).reserved_address, std::exchange(st(id).reserved_service, 0));
   }
   if (service == 0) service = device.ephemeral_service_port(address);
   if (service == 0 || device.service_taken(address, service)) return fail(std::errc::address_in_use);
@@ -178,8 +192,8 @@ Status<std::errc> listen(CmIdImpl& id) {
   }
   device.track_listener(address, service, id.shared_from_this());
   if (device.p2p_listen_port == 0 && !id.datagram) device.p2p_listen_port = service;
-  id.roce_address = address;
-  id.roce_listen_port = service;
+  st(id).address = address;
+  st(id).listen_port = service;
   id.bound_address = socket_address(address, service);
   id.state = CmIdImpl::State::listening;
   return {};
@@ -212,10 +226,10 @@ void resolve_addr(CmIdImpl& id, const sockaddr_in& destination) {
       return;
     }
     service = *reserved;
-    id.roce_reserved_address = source;
-    id.roce_reserved_service = service;
+    st(id).reserved_address = source;
+    st(id).reserved_service = service;
   }
-  id.roce_address = source;
+  st(id).address = source;
   id.bound_address = socket_address(source, service);
   id.destination = destination;
   id.state = CmIdImpl::State::addr_resolved;
@@ -224,7 +238,7 @@ void resolve_addr(CmIdImpl& id, const sockaddr_in& destination) {
 
 Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& qp) {
   // The QP's packets leave from the id's address: known once it is resolved or requested.
-  if (id.roce_address == 0 || qp->roce) return fail(std::errc::invalid_argument);
+  if (st(id).address == 0 || qp->roce) return fail(std::errc::invalid_argument);
   if (qp->engine.state() != QpState::reset && qp->engine.state() != QpState::init)
     return fail(std::errc::invalid_argument);
   const core::roce::RcQpConfig config{.pd = qp->pd,
@@ -232,7 +246,7 @@ Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& 
                                       .signal_all = qp->signal_all,
                                       .srq = qp->srq ? &qp->srq->queue : nullptr};
   auto roce = RoceQp::open(config,
-                           id.ctx->memory, *qp->send_cq, *qp->recv_cq, qp->qp_num, id.roce_address);
+                           id.ctx->memory, *qp->send_cq, *qp->recv_cq, qp->qp_num, st(id).address);
   if (!roce) return fail(roce.error());
   qp->roce = std::move(*roce);
   // rping -q posts its receives on the QP before connecting: they move to the RC core.
@@ -255,7 +269,7 @@ namespace {
 
 // The QPN our REQ or REP names: the id's QP's, or the number of a connection without one.
 std::uint32_t local_qpn(const CmIdImpl& id) {
-  return id.qp_impl && id.qp_impl->roce ? id.qp_impl->roce->qpn : id.roce_qpn_without_qp.value_or(0);
+  return id.qp_impl && id.qp_impl->roce ? id.qp_impl->roce->qpn : st(id).qpn_without_qp.value_or(0);
 }
 
 // The REP's fields: the id's QP, a fresh starting PSN, and what the application offers.
@@ -272,11 +286,11 @@ core::ibcm::IbCmAcceptParams reply_params(const CmIdImpl& id, const ConnParam& p
 // The agent's `agent_id` now carries the id's connect: track it until ESTABLISHED or failure.
 void start_connecting(CmIdImpl& id, core::ibcm::IbCmId agent_id, std::uint32_t psn, const ConnParam& param) {
   RoceDevice& device = device_of(*id.ctx);
-  id.roce_id = agent_id;
-  id.roce_psn = psn;
-  id.roce_param = param;
+  st(id).agent_id = agent_id;
+  st(id).psn = psn;
+  st(id).param = param;
   id.peer = id.destination;
-  device.track_id(id.roce_address, id.roce_id, id.shared_from_this());
+  device.track_id(st(id).address, st(id).agent_id, id.shared_from_this());
   id.state = CmIdImpl::State::connecting;
   device.pump();
 }
@@ -290,11 +304,11 @@ void start_connecting(CmIdImpl& id, core::ibcm::IbCmId agent_id, std::uint32_t p
 Status<std::errc> adopt_unseen_request(CmIdImpl& id, RocePort& port, const ConnParam& param,
                                        std::optional<CmEvent>& retracted) {
   RoceDevice& device = device_of(*id.ctx);
-  auto request = device.find_p2p_request(id.roce_address, ntohl(id.destination.sin_addr.s_addr), id.tag);
+  auto request = device.find_p2p_request(st(id).address, ntohl(id.destination.sin_addr.s_addr), id.tag);
   if (!request) return fail(std::errc::connection_already_in_progress);
   retracted = request->channel->retract_request(request->owner);
   if (!retracted) return fail(std::errc::connection_already_in_progress);  // the application has it
-  const core::ibcm::IbCmId agent_id = request->roce_id;
+  const core::ibcm::IbCmId agent_id = st(*request).agent_id;
   end_agent_id(*request);
   request->state = CmIdImpl::State::idle;
   const core::ibcm::IbCmAcceptParams reply = reply_params(id, param);
@@ -309,7 +323,7 @@ Status<std::errc> adopt_unseen_request(CmIdImpl& id, RocePort& port, const ConnP
 Status<std::errc> claim_qp_by_number(CmIdImpl& id, std::uint32_t qp_num) {
   if (!id.claim_qp(qp_num)) {
     if (id.ctx->standalone_qps.contains(qp_num)) return fail(std::errc::invalid_argument);  // taken
-    id.roce_qpn_without_qp = qp_num & 0xFFFFFF;
+    st(id).qpn_without_qp = qp_num & 0xFFFFFF;
     return {};
   }
   if (auto attached = attach_qp(id, id.qp_impl); !attached) {
@@ -340,10 +354,10 @@ Status<std::errc> connect_datagram(CmIdImpl& id, const ConnParam& param) {
   request.retry_interval = std::min(core::ibcm::cm_time(device.options().cm_response_timeout), total / (retries + 1));
   auto agent_id = port->agent.sidr_request(request, now());
   if (!agent_id) return fail(agent_id.error());
-  id.roce_id = *agent_id;
-  id.roce_param = param;
+  st(id).agent_id = *agent_id;
+  st(id).param = param;
   id.peer = id.destination;
-  device.track_id(id.roce_address, id.roce_id, id.shared_from_this());
+  device.track_id(st(id).address, st(id).agent_id, id.shared_from_this());
   id.state = CmIdImpl::State::connecting;
   device.pump();
   return {};
@@ -371,7 +385,7 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
   request.starting_psn = random_psn();
   request.responder_resources = param.responder_resources;
   request.initiator_depth = param.initiator_depth;
-  request.path_mtu = static_cast<std::uint8_t>(path_mtu_between(id.roce_address, ntohl(id.destination.sin_addr.s_addr)));
+  request.path_mtu = static_cast<std::uint8_t>(path_mtu_between(st(id).address, ntohl(id.destination.sin_addr.s_addr)));
   request.private_data = param.private_data;
   request.connect_timeout = std::chrono::milliseconds(id.connect_timeout_ms);  // CmOption::connect_timeout
   auto agent_id = port->agent.connect(request, now());
@@ -383,7 +397,7 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
 }
 
 Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) {
-  if (id.state != CmIdImpl::State::request_received || id.roce_id == 0) return fail(std::errc::invalid_argument);
+  if (id.state != CmIdImpl::State::request_received || st(id).agent_id == 0) return fail(std::errc::invalid_argument);
   if (id.datagram) {
     // SIDR_REP: the UD QP `qp_num` names, with rdma_cm's Q_Key for the UDP port space. The
     // exchange is over once it leaves; a copy of the request gets the same answer.
@@ -393,10 +407,10 @@ Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) {
     reply.qpn = param.qp_num;
     reply.qkey = core::ibcm::kRdmaUdpQkey;
     reply.private_data = param.private_data;
-    if (auto accepted = port->agent.accept(id.roce_id, reply, now()); !accepted) return fail(accepted.error());
-    id.roce_param = param;
+    if (auto accepted = port->agent.accept(st(id).agent_id, reply, now()); !accepted) return fail(accepted.error());
+    st(id).param = param;
     id.state = CmIdImpl::State::established;
-    id.release_pending();
+    release_pending(id);
     end_agent_id(id);
     device_of(*id.ctx).pump();
     return {};
@@ -408,22 +422,22 @@ Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) {
   RocePort* port = port_of(id);
   if (!port) return fail(std::errc::invalid_argument);
   const core::ibcm::IbCmAcceptParams reply = reply_params(id, param);
-  if (auto accepted = port->agent.accept(id.roce_id, reply, now()); !accepted) return fail(accepted.error());
-  id.roce_psn = reply.starting_psn;
-  id.roce_param = param;
+  if (auto accepted = port->agent.accept(st(id).agent_id, reply, now()); !accepted) return fail(accepted.error());
+  st(id).psn = reply.starting_psn;
+  st(id).param = param;
   id.state = CmIdImpl::State::accepting;
-  id.release_pending();
+  release_pending(id);
   device_of(*id.ctx).pump();
   return {};
 }
 
 Status<std::errc> reject(CmIdImpl& id, std::span<const std::uint8_t> private_data) {
-  if (id.state != CmIdImpl::State::request_received || id.roce_id == 0) return fail(std::errc::invalid_argument);
+  if (id.state != CmIdImpl::State::request_received || st(id).agent_id == 0) return fail(std::errc::invalid_argument);
   RocePort* port = port_of(id);
   if (!port) return fail(std::errc::invalid_argument);
-  if (auto rejected = port->agent.reject(id.roce_id, private_data, now()); !rejected) return fail(rejected.error());
+  if (auto rejected = port->agent.reject(st(id).agent_id, private_data, now()); !rejected) return fail(rejected.error());
   id.ctx->stats.rejects_sent[static_cast<int>(RejectReason::application)]++;
-  id.release_pending();
+  release_pending(id);
   end_agent_id(id);
   id.state = CmIdImpl::State::idle;
   device_of(*id.ctx).pump();
@@ -432,7 +446,7 @@ Status<std::errc> reject(CmIdImpl& id, std::span<const std::uint8_t> private_dat
 
 Status<std::errc> disconnect(CmIdImpl& id) {
   if (id.datagram) return fail(std::errc::invalid_argument);  // no connection to end
-  if (id.roce_id == 0) return fail(std::errc::not_connected);
+  if (st(id).agent_id == 0) return fail(std::errc::not_connected);
   if (id.state != CmIdImpl::State::established && id.state != CmIdImpl::State::disconnected)
     return fail(std::errc::invalid_argument);
   RocePort* port = port_of(id);
@@ -441,7 +455,7 @@ Status<std::errc> disconnect(CmIdImpl& id) {
   // it still owes leave before the DREQ, which makes the peer flush what they would complete.
   qp_to_error(id);
   device_of(*id.ctx).pump();
-  if (id.state == CmIdImpl::State::established) (void)port->agent.disconnect(id.roce_id, now());
+  if (id.state == CmIdImpl::State::established) (void)port->agent.disconnect(st(id).agent_id, now());
   id.emit_disconnected();
   device_of(*id.ctx).pump();
   return {};
@@ -450,8 +464,8 @@ Status<std::errc> disconnect(CmIdImpl& id) {
 void release(CmIdImpl& id) {
   if (!id.ctx->roce) return;
   RoceDevice& device = *id.ctx->roce;
-  if (id.roce_reserved_service != 0)
-    device.release_service(id.roce_reserved_address, std::exchange(id.roce_reserved_service, 0));
+  if (st(id).reserved_service != 0)
+    device.release_service(st(id).reserved_address, std::exchange(st(id).reserved_service, 0));
   // A QP the id does not own outlives it, in ERROR as over iWARP; the ACKs it still owes
   // leave before the DREQ below.
   if (id.state == CmIdImpl::State::established) {
@@ -459,24 +473,24 @@ void release(CmIdImpl& id) {
     device.pump();
   }
   if (id.state == CmIdImpl::State::listening) {
-    device.forget_listener(id.roce_address, id.roce_listen_port);
+    device.forget_listener(st(id).address, st(id).listen_port);
     // The context outlives its listeners (the C API keeps it for the process): it stops
     // advertising a port nobody listens on.
-    if (device.p2p_listen_port == id.roce_listen_port) device.p2p_listen_port = 0;
+    if (device.p2p_listen_port == st(id).listen_port) device.p2p_listen_port = 0;
     for (RocePort* port : device.all_ports())
-      if ((id.roce_address == RoceDevice::kAnyAddress || port->address == id.roce_address) &&
-          !device.service_taken(port->address, id.roce_listen_port)) {
+      if ((st(id).address == RoceDevice::kAnyAddress || port->address == st(id).address) &&
+          !device.service_taken(port->address, st(id).listen_port)) {
         if (id.datagram) {
-          port->agent.stop_listening_datagram(id.roce_listen_port);
+          port->agent.stop_listening_datagram(st(id).listen_port);
         } else {
-          port->agent.stop_listening(id.roce_listen_port);
+          port->agent.stop_listening(st(id).listen_port);
         }
       }
   }
   if (RocePort* port = port_of(id)) {
     // rdma_destroy_id: a request is rejected, an attempt abandoned (REJ), a connection
     // disconnected; the agent finishes the exchange alone.
-    if (id.roce_id != 0) port->agent.destroy(id.roce_id, now());
+    if (st(id).agent_id != 0) port->agent.destroy(st(id).agent_id, now());
   }
   end_agent_id(id);
   device.pump();
@@ -534,7 +548,7 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
   }
   auto id = device.find_id(port.address, event.id);
   if (!id) return;  // its CmId is gone; the agent finishes the protocol alone
-  id->release_pending();  // a request the peer gave up or that ended is decided
+  release_pending(*id);  // a request the peer gave up or that ended is decided
   if (event.datagram) {
     on_datagram_event(*id, event);
     return;
@@ -593,16 +607,55 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
   }
 }
 
+// --- RoceCm: the TransportCm of RoCE ids ---
+
+Status<std::errc> RoceCm::reserve_port(CmIdImpl& id, sockaddr_in& address) {
+  RoceDevice& device = device_of(ctx_);
+  const Ipv4 host = ntohl(address.sin_addr.s_addr);
+  if (host != RoceDevice::kAnyAddress) {
+    if (auto opened = device.port(host); !opened) return fail(opened.error());
+  }
+  auto service = device.reserve_service(host, ntohs(address.sin_port));
+  if (!service) return fail(service.error());
+  address.sin_port = htons(*service);
+  st(id).reserved_address = host;
+  st(id).reserved_service = *service;
+  return {};
+}
+
+Status<std::errc> RoceCm::listen(CmIdImpl& id, int backlog) { return roce::listen(id, backlog); }
+void RoceCm::resolve_addr(CmIdImpl& id, const sockaddr_in& destination) { roce::resolve_addr(id, destination); }
+Status<std::errc> RoceCm::connect(CmIdImpl& id, const ConnParam& param, std::optional<CmEvent>& retracted) {
+  return roce::connect(id, param, retracted);
+}
+Status<std::errc> RoceCm::accept(CmIdImpl& id, const ConnParam& param) { return roce::accept(id, param); }
+Status<std::errc> RoceCm::reject(CmIdImpl& id, std::span<const std::uint8_t> private_data) {
+  return roce::reject(id, private_data);
+}
+Status<std::errc> RoceCm::disconnect(CmIdImpl& id) { return roce::disconnect(id); }
+Result<std::shared_ptr<QueuePairImpl>, std::errc> RoceCm::create_qp(CmIdImpl& id, std::uint32_t pd,
+                                                                     const QpInitAttr& attr) {
+  return roce::create_qp(id, pd, attr);
+}
+Status<std::errc> RoceCm::attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& qp) {
+  return roce::attach_qp(id, qp);
+}
+void RoceCm::release(CmIdImpl& id) { roce::release(id); }
+sockaddr_in RoceCm::local_address(CmIdImpl& id) { return id.bound_address.value_or(sockaddr_in{}); }
+void RoceCm::add_stats(CmStats& stats) {
+  if (ctx_.roce) ctx_.roce->add_stats(stats);
+}
+
 void on_qp_error(RoceDevice& device, QueuePairImpl& qp, const core::roce::RcEvent& event) {
   PEERCM_LOG_AT(event.cause == core::roce::RcErrorCause::modified_to_error ? log::Level::info : log::Level::warn, "qp",
              "QP {} (RoCE RC): ERROR, {}{}; outstanding work requests flush", qp.qp_num,
              core::roce::to_string(event.cause), event.has_wr ? fmt::format(" (WR {})", event.wr_id) : std::string());
   if (event.cause == core::roce::RcErrorCause::modified_to_error) return;  // the CM did it
   auto id = qp.roce->owner.lock();
-  if (!id || id->state != CmIdImpl::State::established || id->roce_id == 0) return;
+  if (!id || id->state != CmIdImpl::State::established || st(*id).agent_id == 0) return;
   // The connection is dead (the peer stopped answering or refused our work): tell the
   // peer's CM and the application, as iWARP does when its stream fails.
-  if (RocePort* port = device.find_port(id->roce_address)) (void)port->agent.disconnect(id->roce_id, now());
+  if (RocePort* port = device.find_port(st(*id).address)) (void)port->agent.disconnect(st(*id).agent_id, now());
   id->emit_disconnected();
 }
 

@@ -1,7 +1,6 @@
-// CmId over RoCEv2: rdma_cm's life cycle (bind, resolve, listen, connect, accept, reject,
-// disconnect) driven through the IB CM agent of the id's local address, and the agent's
-// events turned into CmEvents. cm_id.cpp calls these for ids whose transport is roce; all
-// run under the context lock.
+// CmId over RoCEv2 (TransportCm RoceCm): rdma_cm's life cycle (bind, resolve, listen, connect,
+// accept, reject, disconnect) driven through the IB CM agent of the id's local address, and
+// the agent's events turned into CmEvents. All run under the context lock.
 #pragma once
 
 #include <netinet/in.h>
@@ -10,6 +9,7 @@
 #include <span>
 #include <system_error>
 
+#include "api/transport_cm.hpp"
 #include "core/ibcm/ibcm_agent.hpp"
 #include "core/roce/rc_events.hpp"
 #include "peercm/cm.hpp"
@@ -26,24 +26,57 @@ namespace peercm::detail::roce {
 class RoceDevice;
 struct RocePort;
 
+// What the RoCE CM keeps per CmId. The agent of `address` (host order) knows the id's
+// connection as `agent_id` (0: none).
+struct RoceIdState final : TransportIdState {
+  std::uint32_t address = 0;
+  std::uint32_t agent_id = 0;
+  std::uint16_t listen_port = 0;
+  std::uint32_t psn = 0;  // our first request PSN
+  ConnParam param;        // the resources connect()/accept() offered
+  // A connect()/accept() whose qp_num names no QP of the context: the IB CM exchange alone,
+  // with this number in the REQ/REP (rdma-core's cmtime "no QPs" round; iWARP refuses it).
+  std::optional<std::uint32_t> qpn_without_qp;
+  // The service port this id holds in the device's port space (bind or resolve_addr), at
+  // reserved_address (host order; RoceDevice::kAnyAddress for INADDR_ANY). 0: none.
+  std::uint16_t reserved_service = 0;
+  std::uint32_t reserved_address = 0;
+  // listener: client/server requests not yet decided, at most `backlog`
+  int backlog = 0;
+  std::size_t pending = 0;
+  // passive: counted in its listener's `pending`
+  bool counted_in_backlog = false;
+  std::weak_ptr<CmIdImpl> listener;
+};
+
+class RoceCm final : public TransportCm {
+ public:
+  explicit RoceCm(ContextImpl& ctx) : ctx_(ctx) {}
+  Transport transport() const override { return Transport::roce; }
+  std::unique_ptr<TransportIdState> new_id_state() const override { return std::make_unique<RoceIdState>(); }
+  bool binds_route_source() const override { return false; }
+  bool supports_datagram() const override { return true; }
+  Status<std::errc> reserve_port(CmIdImpl& id, sockaddr_in& address) override;
+  Status<std::errc> listen(CmIdImpl& id, int backlog) override;
+  void resolve_addr(CmIdImpl& id, const sockaddr_in& destination) override;
+  void before_connect(CmIdImpl&, std::unique_lock<std::mutex>&) override {}
+  Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<CmEvent>& retracted) override;
+  Status<std::errc> accept(CmIdImpl& id, const ConnParam& param) override;
+  Status<std::errc> reject(CmIdImpl& id, std::span<const std::uint8_t> private_data) override;
+  Status<std::errc> disconnect(CmIdImpl& id) override;
+  Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::uint32_t pd,
+                                                               const QpInitAttr& attr) override;
+  Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& qp) override;
+  void release(CmIdImpl& id) override;
+  sockaddr_in local_address(CmIdImpl& id) override;
+  void add_stats(CmStats& stats) override;
+
+ private:
+  ContextImpl& ctx_;
+};
+
 // The context's device, made on first use.
 RoceDevice& device_of(ContextImpl& ctx);
-
-Status<std::errc> listen(CmIdImpl& id);
-void resolve_addr(CmIdImpl& id, const sockaddr_in& destination);
-// `retracted`: a CONNECT_REQUEST taken back from the application (see roce_cm.cpp), to be
-// destroyed by the caller once the context lock is released.
-Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<CmEvent>& retracted);
-Status<std::errc> accept(CmIdImpl& id, const ConnParam& param);
-Status<std::errc> reject(CmIdImpl& id, std::span<const std::uint8_t> private_data);
-Status<std::errc> disconnect(CmIdImpl& id);
-Result<std::shared_ptr<QueuePairImpl>, std::errc> create_qp(CmIdImpl& id, std::uint32_t pd, const QpInitAttr& attr);
-// A QP made on its own (QueuePair::create, ibv_create_qp) and never used: it gets its RC
-// core and send socket here. EINVAL before the id has an address, for an SRQ QP, or one in use.
-Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& qp);
-// The CmId is going: its connection ends (DREQ, or REJ for an unanswered request), its
-// listener stops, and the agent's later events about it are dropped.
-void release(CmIdImpl& id);
 
 // Inputs from the device.
 void on_agent_event(RoceDevice& device, RocePort& port, core::ibcm::IbCmAgentEvent& event);
