@@ -3,9 +3,10 @@
 // decides every delay, loss, duplicate, reorder, partition, connect, close, crash and restart;
 // the four properties of design.md §3 are checked during and after every run. No sockets, no
 // sleeps, no threads.
-//  - iwarp: each node is the production P2pResolver driven by a CM model (cm_model.cpp) over
-//    TCP-like streams.
-//  - roce: each node is the production IbCmAgent (and its P2pResolver) over MAD datagrams.
+//  - iwarp: each node is the production IwarpCmAgent (src/core/iwarp_cm, with its MPA handshakes
+//    and P2pResolver) over TCP-like streams (iwarp_world.cpp).
+//  - roce: each node is the production IbCmAgent (src/core/ibcm, with its P2pResolver) over MAD
+//    datagrams (roce_world.cpp).
 #pragma once
 
 #include <cstdint>

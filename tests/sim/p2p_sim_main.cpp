@@ -80,6 +80,7 @@ Options parse(int argc, char** argv) {
         options.config.transport = peercm::sim::Transport::iwarp;
       } else if (name == "roce") {
         options.config.transport = peercm::sim::Transport::roce;
+
       } else {
         usage(2);
       }

@@ -29,7 +29,7 @@
 
 #include "core/ibcm/ibcm_agent.hpp"
 #include "network.hpp"
-#include "p2p_model.hpp"
+#include "worlds.hpp"
 #include "wire/ibcm/cm_common.hpp"
 #include "wire/ibcm/gid.hpp"
 
