@@ -13,7 +13,9 @@
 //    connection;
 //  - integrity: no connection ends unless an application closed it or a node restarted; at
 //    quiescence both ends agree on every connection: each one's peer comm ID, QPN and starting PSN
-//    are the other's own (what an RC QP pair needs to carry data);
+//    are the other's own; and two production RC QPs set up with what the two CMs negotiated for
+//    one of the connections carry Sends over the lossy network exactly once, in order, intact
+//    (rc_data.hpp);
 //  - no leak: once everything is closed and every timer ran out, agents hold no connection, id,
 //    pending REQ, timer or resolver state.
 #include <fmt/format.h>
@@ -29,6 +31,7 @@
 
 #include "core/ibcm/ibcm_agent.hpp"
 #include "network.hpp"
+#include "rc_data.hpp"
 #include "worlds.hpp"
 #include "wire/ibcm/cm_common.hpp"
 #include "wire/ibcm/gid.hpp"
@@ -172,6 +175,7 @@ class RoceWorld {
     // until the restarted node's REQ replaces it, rule 6.)
     trace("--- final round");
     phase_ = Phase::final_round;
+    chaos_loss_ = faults_.loss_percent;
     faults_.loss_percent = 0;
     network_.set_faults(faults_);
     network_.heal_all();
@@ -188,6 +192,8 @@ class RoceWorld {
     if (!run_until_quiet()) return finish();
     check_quiet_state("after the final round");
     check_final_round();
+    if (!result_.ok) return finish();
+    check_data();
     if (!result_.ok) return finish();
 
     // Teardown: every node closes everything; then nothing may remain.
@@ -596,6 +602,37 @@ class RoceWorld {
     }
   }
 
+  // One connection, picked at random, carries data between two production RC QPs set up with
+  // exactly what each end's CM negotiated, over the chaos phase's duplicates and reordering and
+  // up to 5% loss (more would let seven retries run out now and then, which is the QP's own
+  // test's business, not the CM's).
+  void check_data() {
+    const auto [a, b] = pair();
+    const std::uint32_t tag = random_tag();
+    const AppId* ends[2] = {nullptr, nullptr};
+    for (int side = 0; side < 2; ++side) {
+      for (const auto& [id, app] : node(side == 0 ? a : b).ids) {
+        if (app.established && app.peer == (side == 0 ? b : a) && app.tag == tag) ends[side] = &app;
+      }
+    }
+    if (ends[0] == nullptr || ends[1] == nullptr) return;  // check_final_round has vouched for it
+    Faults data_faults = faults_;
+    data_faults.loss_percent = std::min(chaos_loss_, 5u);
+    network_.set_faults(data_faults);
+    const auto end_of = [](int index, const AppId& app) {
+      return RcEnd{.node = index, .qpn = app.qpn, .psn = app.psn, .peer_qpn = app.remote.qpn,
+                   .peer_psn = app.remote.starting_psn};
+    };
+    const RcDataResult data = check_rc_data(rng_, network_, end_of(a, *ends[0]), end_of(b, *ends[1]), now_);
+    network_.set_faults(faults_);
+    result_.stats.work_requests += data.messages;
+    trace("data: n{} <-> n{} tag {}: {} messages in {} packets{}", a, b, tag, data.messages, data.packets,
+          data.failure.empty() ? "" : ": " + data.failure);
+    if (!data.failure.empty()) {
+      violation(fmt::format("integrity: data between n{} and n{} tag {}: {}", a, b, tag, data.failure));
+    }
+  }
+
   void check_no_leak() {
     for (int i = 0; i < nodes_count_ && result_.ok; ++i) {
       const ib::IbCmAgent& agent = *node(i).agent;
@@ -653,6 +690,7 @@ class RoceWorld {
   unsigned silent_ = 0;
   unsigned close_ = 0;
   unsigned take_unseen_ = 0;
+  unsigned chaos_loss_ = 0;
   int crashes_ = 0;
   int partitions_ = 0;
   bool shared_guid_ = false;
