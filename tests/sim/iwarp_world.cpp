@@ -14,12 +14,16 @@
 //    round every pair and tag holds exactly one connection;
 //  - integrity: no connection ends unless an application closed it, a node restarted or a
 //    partition reset it; at quiescence both ends of every connection run on the two ends of one
-//    stream;
+//    stream, and the production queue-pair engines on them (core/queue_pair_engine, started with
+//    what MPA agreed, RTR included) have carried every Send both ways exactly once, in order,
+//    intact;
 //  - no leak: once everything is closed and every timer ran out, agents hold no stream, no id but
 //    the listener, no resolver state and no deadline.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
+#include <string>
 #include <cerrno>
 #include <chrono>
 #include <iterator>
@@ -30,6 +34,8 @@
 #include <vector>
 
 #include "core/iwarp_cm/iwarp_cm_agent.hpp"
+#include "core/memory_table.hpp"
+#include "core/queue_pair_engine.hpp"
 #include "network.hpp"
 #include "worlds.hpp"
 
@@ -69,6 +75,38 @@ struct IwarpLater {
   bool operator()(const IwarpEvent& a, const IwarpEvent& b) const { return a.at != b.at ? a.at > b.at : a.seq > b.seq; }
 };
 
+class Cq final : public core::CompletionSink {
+ public:
+  bool push(const WorkCompletion& completion) override {
+    completions.push_back(completion);
+    return true;
+  }
+  std::vector<WorkCompletion> completions;
+};
+
+constexpr std::size_t kSlot = 2048;          // one receive buffer per message
+constexpr std::uint32_t kMaxMessage = 2000;  // up to two FPDUs
+constexpr int kMaxMessages = 2;              // Sends per end; each end posts this many receives
+
+std::uint8_t pattern(std::uint64_t salt, std::size_t i) {
+  const std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ (salt + 1) * 0xD1B54A32D192ED03ull;
+  return static_cast<std::uint8_t>((x >> 29) ^ (x >> 47));
+}
+
+// The production queue-pair engine on one end of a started stream, with the Sends it posted
+// and the receives for the peer's.
+struct QpEnd {
+  explicit QpEnd(std::uint64_t memory_seed) : memory(memory_seed), engine(core::QpConfig{}, memory, send_cq, recv_cq) {}
+  core::MemoryTable memory;
+  Cq send_cq;
+  Cq recv_cq;
+  core::QueuePairEngine engine;
+  std::vector<std::uint8_t> send_buffer;
+  std::vector<std::uint8_t> recv_buffer;
+  std::vector<std::uint32_t> lengths;  // of the Sends this end posted
+  std::uint64_t salt = 0;
+};
+
 // One TCP connection between two nodes: end 0 opened it, end 1 accepted it.
 struct SimStream {
   int node[2] = {0, 0};
@@ -77,6 +115,8 @@ struct SimStream {
   bool open[2] = {false, false};
   bool started[2] = {false, false};
   bool established[2] = {false, false};  // an id ESTABLISHED on this end
+  std::shared_ptr<QpEnd> qp[2];               // from start_stream on
+  std::vector<std::uint8_t> early[2];          // bytes past the handshake before start_stream
   Time last_arrival[2] = {};  // per direction, indexed by the receiving end
 };
 
@@ -285,8 +325,18 @@ class IwarpWorld {
       case Ev::bytes: {
         SimStream& s = streams_[e.stream];
         if (!end_alive(s, e.side)) return;
-        if (!s.started[e.side]) node(e.node).agent->handle_bytes(s.id[e.side], *e.bytes, now_);
-        break;  // bytes after the handshake belong to the queue pair: not simulated here
+        if (s.started[e.side]) {
+          s.qp[e.side]->engine.handle_bytes(*e.bytes);
+          flush_qp(e.stream, e.side);
+          break;
+        }
+        // The handshake takes what is its own; the rest is the queue pair's once it starts.
+        const std::size_t used = node(e.node).agent->handle_bytes(s.id[e.side], *e.bytes, now_);
+        if (used < e.bytes->size()) {
+          s.early[e.side].insert(s.early[e.side].end(), e.bytes->begin() + static_cast<std::ptrdiff_t>(used),
+                                 e.bytes->end());
+        }
+        break;
       }
       case Ev::fin: {
         SimStream& s = streams_[e.stream];
@@ -294,6 +344,7 @@ class IwarpWorld {
         s.open[e.side] = false;
         IwarpNode& n = node(e.node);
         n.streams.erase(s.id[e.side]);
+        if (s.started[e.side]) s.qp[e.side]->engine.handle_peer_closed();
         if (s.started[e.side]) n.agent->handle_stream_down(s.id[e.side], now_);
         n.agent->handle_stream_closed(s.id[e.side], now_);
         break;
@@ -374,6 +425,101 @@ class IwarpWorld {
     }
   }
 
+  // The queue pair of a started end: receives for the peer's Sends and Sends of its own posted,
+  // then full operation with what MPA agreed (the initiator's RTR goes first, the responder's
+  // Sends wait for it).
+  void start_qp(std::size_t k, int side, const core::MpaResult& mpa, bool initiator) {
+    SimStream& s = streams_[k];
+    auto qp = std::make_shared<QpEnd>(rng_.next());
+    const int messages = rng_.between(1, kMaxMessages);
+    qp->salt = rng_.next();
+    qp->send_buffer.resize(kSlot * static_cast<std::size_t>(messages));
+    qp->recv_buffer.assign(kSlot * static_cast<std::size_t>(kMaxMessages), 0);
+    const auto send_key = qp->memory.register_region(0, reinterpret_cast<std::uintptr_t>(qp->send_buffer.data()),
+                                                     qp->send_buffer.size(), kAccessLocalWrite);
+    const auto recv_key = qp->memory.register_region(0, reinterpret_cast<std::uintptr_t>(qp->recv_buffer.data()),
+                                                     qp->recv_buffer.size(), kAccessLocalWrite);
+    for (int m = 0; m < kMaxMessages && recv_key; ++m) {
+      RecvWr receive{.wr_id = static_cast<std::uint64_t>(m)};
+      receive.sg_list.push_back(Sge{reinterpret_cast<std::uintptr_t>(qp->recv_buffer.data()) +
+                                        static_cast<std::uint64_t>(m) * kSlot,
+                                    kSlot, *recv_key});
+      (void)qp->engine.post_recv(receive);
+    }
+    for (int m = 0; m < messages && send_key; ++m) {
+      const auto offset = static_cast<std::uint64_t>(m) * kSlot;
+      const auto length = static_cast<std::uint32_t>(rng_.between(std::uint64_t{0}, std::uint64_t{kMaxMessage}));
+      qp->lengths.push_back(length);
+      for (std::size_t b = 0; b < length; ++b) qp->send_buffer[offset + b] = pattern(qp->salt, offset + b);
+      SendWr send{.wr_id = static_cast<std::uint64_t>(m), .opcode = WrOpcode::send};
+      send.sg_list.push_back(Sge{reinterpret_cast<std::uintptr_t>(qp->send_buffer.data()) + offset, length, *send_key});
+      (void)qp->engine.post_send(send);
+    }
+    core::StreamParams params;
+    params.crc = mpa.crc;
+    params.ird = mpa.ird;
+    params.ord = mpa.ord;
+    params.responder = !initiator;
+    if (mpa.rtr != core::RtrType::none) {
+      if (initiator) {
+        params.send_rtr = mpa.rtr;
+      } else {
+        params.expect_rtr = mpa.rtr;
+      }
+    }
+    qp->engine.connect(params);
+    s.qp[side] = std::move(qp);
+    if (!s.early[side].empty()) {
+      s.qp[side]->engine.handle_bytes(s.early[side]);
+      s.early[side].clear();
+    }
+    flush_qp(k, side);
+  }
+
+  // What the queue pair of end `side` has to send goes on the stream now.
+  void flush_qp(std::size_t k, int side) {
+    SimStream& s = streams_[k];
+    const std::shared_ptr<QpEnd> qp = s.qp[side];
+    while (qp && s.open[side] && qp->engine.has_transmit()) {
+      std::array<iovec, 16> pieces{};
+      const std::size_t count = qp->engine.gather_transmit(pieces);
+      auto bytes = std::make_shared<std::vector<std::uint8_t>>();
+      for (std::size_t p = 0; p < count; ++p) {
+        const auto* data = static_cast<const std::uint8_t*>(pieces[p].iov_base);
+        bytes->insert(bytes->end(), data, data + pieces[p].iov_len);
+      }
+      if (bytes->empty()) break;
+      qp->engine.handle_transmitted(bytes->size());
+      if (s.open[1 - side]) send(k, side, std::move(bytes));
+    }
+  }
+
+  // What `receiver` holds must be `sender`'s Sends, once each, in order, intact.
+  static std::string verify_data(const QpEnd& sender, const QpEnd& receiver) {
+    if (sender.send_cq.completions.size() != sender.lengths.size()) {
+      return fmt::format("{} of {} Sends completed", sender.send_cq.completions.size(), sender.lengths.size());
+    }
+    for (const WorkCompletion& wc : sender.send_cq.completions) {
+      if (wc.status != WcStatus::success) return fmt::format("Send {} completed in error", wc.wr_id);
+    }
+    if (receiver.recv_cq.completions.size() != sender.lengths.size()) {
+      return fmt::format("{} of {} Sends received", receiver.recv_cq.completions.size(), sender.lengths.size());
+    }
+    for (std::size_t m = 0; m < sender.lengths.size(); ++m) {
+      const WorkCompletion& wc = receiver.recv_cq.completions[m];
+      if (wc.status != WcStatus::success || wc.wr_id != m || wc.byte_len != sender.lengths[m]) {
+        return fmt::format("receive {} is wr {} of {} bytes, expected Send {} of {} bytes", m, wc.wr_id, wc.byte_len,
+                           m, sender.lengths[m]);
+      }
+      for (std::size_t b = 0; b < sender.lengths[m]; ++b) {
+        if (receiver.recv_buffer[m * kSlot + b] != pattern(sender.salt, m * kSlot + b)) {
+          return fmt::format("Send {} differs at byte {}", m, b);
+        }
+      }
+    }
+    return {};
+  }
+
   // The agent closes its end: the far end hears the FIN after what was sent before it.
   void close_end(int i, iw::StreamId stream) {
     IwarpNode& n = node(i);
@@ -425,7 +571,9 @@ class IwarpWorld {
         auto found = n.streams.find(action.stream);
         if (found == n.streams.end()) return;
         SimStream& s = streams_[found->second];
-        s.started[s.node[0] == i && s.id[0] == action.stream ? 0 : 1] = true;
+        const int side = s.node[0] == i && s.id[0] == action.stream ? 0 : 1;
+        s.started[side] = true;
+        start_qp(found->second, side, action.mpa, action.initiator);
         return;
       }
       case AgentAction::terminate_stream:
@@ -739,6 +887,17 @@ class IwarpWorld {
                                   mine->stream));
             return;
           }
+          const SimStream& s = streams_[mine->stream];
+          const int side = s.node[0] == a ? 0 : 1;
+          if (!s.qp[0] || !s.qp[1]) {
+            violation(fmt::format("integrity: S{} between n{} and n{} has no queue pair at one end", mine->stream, a, b));
+            return;
+          }
+          if (std::string failed = verify_data(*s.qp[side], *s.qp[1 - side]); !failed.empty()) {
+            violation(fmt::format("integrity: data from n{} to n{} tag {} on S{}: {}", a, b, tag, mine->stream, failed));
+            return;
+          }
+          result_.stats.work_requests += s.qp[side]->lengths.size();
         }
       }
     }
