@@ -100,6 +100,19 @@ std::unique_ptr<CmId> CmIdImpl::make_public(const std::shared_ptr<CmIdImpl>& imp
   return id;
 }
 
+void CmIdImpl::push_connect_request(const std::shared_ptr<CmIdImpl>& child, ConnParam param, std::string_view what) {
+  std::unique_ptr<CmId> id = make_public(child);
+  CmEvent out;
+  out.type = CmEventType::connect_request;
+  out.id = id.get();
+  out.listen_id = owner;
+  out.param = std::move(param);
+  out.new_id = std::move(id);
+  PEERCM_LOG(info, "cm", "id {} ({}, listener): CONNECT_REQUEST from {} as new id {} ({})", number,
+             to_string(cm->transport()), log::address(child->peer), child->number, what);
+  child->channel->push(std::move(out));
+}
+
 bool CmIdImpl::claim_qp(std::uint32_t qp_num) {
   auto found = ctx->standalone_qps.find(qp_num);
   if (found == ctx->standalone_qps.end()) return false;

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "api/context_impl.hpp"
@@ -44,6 +45,9 @@ struct CmIdImpl : std::enable_shared_from_this<CmIdImpl> {
   // The public CmId of a new id made by the stack (an incoming request): the application
   // owns it from its CONNECT_REQUEST on.
   static std::unique_ptr<CmId> make_public(const std::shared_ptr<CmIdImpl>& impl);
+  // Listener: CONNECT_REQUEST for `child`, a new id the transport made for an incoming request
+  // (`what` says which kind, for the log); the application owns the child from the event on.
+  void push_connect_request(const std::shared_ptr<CmIdImpl>& child, ConnParam param, std::string_view what);
 
   std::shared_ptr<ContextImpl> ctx;
   std::shared_ptr<EventChannelImpl> channel;

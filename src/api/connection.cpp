@@ -185,7 +185,7 @@ void Connection::receive() {
   // Bounded so one busy connection cannot starve the others of the reactor.
   for (int round = 0; round < 16 && fd_ >= 0; ++round) {
     if (phase_ == Phase::running && qp_) {
-      std::span<std::uint8_t> target = qp_->engine.receive_target();
+      std::span<std::uint8_t> target = qp_->engine->receive_target();
       if (!target.empty()) {
         // One system call per FPDU: the rest of the payload lands in its target, and the
         // trailer with the next header (and a few payload bytes) in the scratch buffer.
@@ -196,7 +196,7 @@ void Connection::receive() {
         const ssize_t n = ::recvmsg(fd_, &msg, MSG_DONTWAIT);
         if (n > 0) {
           const auto got = static_cast<std::size_t>(n);
-          qp_->engine.handle_placed(std::min(got, target.size()));
+          qp_->engine->handle_placed(std::min(got, target.size()));
           if (got > target.size()) {
             feed_engine(std::span<const std::uint8_t>(rx_buffer.data(), got - target.size()));
             header_sized_reads_ = qp_ && expects_large_payload();
@@ -209,13 +209,13 @@ void Connection::receive() {
         }
         if (n == 0) {
           peer_closed_ = true;
-          qp_->engine.handle_peer_closed();
+          qp_->engine->handle_peer_closed();
           drain_qp_events();
           return;
         }
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         if (errno == EINTR) continue;
-        qp_->engine.handle_connection_lost();
+        qp_->engine->handle_connection_lost();
         drain_qp_events();
         return;
       }
@@ -244,9 +244,9 @@ void Connection::receive() {
       close_socket();  // the CM hears of it through `closed`
     } else if (qp_ && phase_ == Phase::running) {
       if (n == 0) {
-        qp_->engine.handle_peer_closed();
+        qp_->engine->handle_peer_closed();
       } else {
-        qp_->engine.handle_connection_lost();
+        qp_->engine->handle_connection_lost();
       }
       drain_qp_events();
     } else {
@@ -259,8 +259,8 @@ void Connection::receive() {
 // While a large payload is under way, and after a message with a large segment (the next one is
 // likely large too: a 64 KiB ping-pong read whole into the scratch buffer paid a 64 KiB copy).
 bool Connection::expects_large_payload() {
-  return qp_->engine.receive_target().size() >= kZeroCopyThreshold ||
-         qp_->engine.last_message_largest_segment() >= kZeroCopyThreshold;
+  return qp_->engine->receive_target().size() >= kZeroCopyThreshold ||
+         qp_->engine->last_message_largest_segment() >= kZeroCopyThreshold;
 }
 
 void Connection::receive_setup(std::span<const std::uint8_t> bytes) {
@@ -284,7 +284,7 @@ void Connection::receive_setup(std::span<const std::uint8_t> bytes) {
 
 void Connection::feed_engine(std::span<const std::uint8_t> bytes) {
   if (!qp_) return;
-  qp_->engine.handle_bytes(bytes);
+  qp_->engine->handle_bytes(bytes);
   drain_qp_events();
   transmit();
 }
@@ -327,8 +327,8 @@ void Connection::terminate_setup(std::shared_ptr<QueuePairImpl> qp, bool crc, st
   qp_ = std::move(qp);
   core::StreamParams params;
   params.crc = crc;
-  qp_->engine.connect(params);
-  qp_->engine.terminate(wire::TerminateCode{wire::TerminateLayer::llp, 0x0, code});
+  qp_->engine->connect(params);
+  qp_->engine->terminate(wire::TerminateCode{wire::TerminateLayer::llp, 0x0, code});
   phase_ = Phase::closing;
   transmit();
   drain_qp_events();
@@ -357,7 +357,7 @@ void Connection::start_engine() {
     auto self = weak.lock();
     return self && self->send_direct(wr);
   };
-  qp_->engine.connect(params);
+  qp_->engine->connect(params);
   if (params.responder) {
     // The first thing to look at when a server's first message never arrives.
     if (r.rtr == core::RtrType::none) {
@@ -386,8 +386,8 @@ void Connection::transmit() {
   std::array<iovec, kMaxIovecs> iov;  // gather_transmit() fills what sendmsg() reads
   // Called after every input; most find nothing to send (a received Send's reply is the
   // application's to post), so the engine is asked before anything is framed.
-  while (qp_->engine.has_transmit()) {
-    const std::size_t count = qp_->engine.gather_transmit(iov);
+  while (qp_->engine->has_transmit()) {
+    const std::size_t count = qp_->engine->gather_transmit(iov);
     if (count == 0) break;
     msghdr msg{};
     msg.msg_iov = iov.data();
@@ -402,11 +402,11 @@ void Connection::transmit() {
         }
         return;
       }
-      qp_->engine.handle_connection_lost();
+      qp_->engine->handle_connection_lost();
       drain_qp_events();
       return;
     }
-    qp_->engine.handle_transmitted(static_cast<std::size_t>(n));
+    qp_->engine->handle_transmitted(static_cast<std::size_t>(n));
   }
   if (want_write_) {
     want_write_ = false;
@@ -419,7 +419,7 @@ void Connection::transmit() {
 // queue; what the socket does not take waits for room like any queued FPDU.
 bool Connection::send_direct(const SendWr& wr) {
   if (fd_ < 0 || phase_ != Phase::running || !qp_) return false;
-  const std::span<const iovec> fpdu = qp_->engine.frame_direct(wr);
+  const std::span<const iovec> fpdu = qp_->engine->frame_direct(wr);
   if (fpdu.empty()) return false;
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(fpdu.data());
@@ -428,13 +428,13 @@ bool Connection::send_direct(const SendWr& wr) {
   do n = ::sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   const bool failed = n < 0 && errno != EAGAIN && errno != EWOULDBLOCK;
-  qp_->engine.finish_direct(wr, n < 0 ? 0 : static_cast<std::size_t>(n));
+  qp_->engine->finish_direct(wr, n < 0 ? 0 : static_cast<std::size_t>(n));
   if (failed) {
-    qp_->engine.handle_connection_lost();
+    qp_->engine->handle_connection_lost();
     drain_qp_events();
     return true;
   }
-  if (qp_->engine.has_transmit()) {
+  if (qp_->engine->has_transmit()) {
     transmit();  // the rest, or a Terminate after a CQ overrun
     return true;
   }
@@ -446,13 +446,13 @@ void Connection::drain_qp_events() {
   if (!qp_) return;
   // Called after every receive and transmit; events are rare, so they are taken out of line
   // and this stays a few loads.
-  if (qp_->engine.has_events()) deliver_qp_events();
+  if (qp_->engine->has_events()) deliver_qp_events();
   // Nothing more will be sent (Terminate out, or flushed after a disconnect): close.
-  if (qp_ && qp_->engine.transmit_closed() && !qp_->engine.has_transmit()) close_socket();
+  if (qp_ && qp_->engine->transmit_closed() && !qp_->engine->has_transmit()) close_socket();
 }
 
 void Connection::deliver_qp_events() {
-  auto event = qp_->engine.poll_event();
+  auto event = qp_->engine->poll_event();
   auto self = shared_from_this();  // a callback may drop the owner's reference
   do {
     const bool terminate = event->kind == core::QpEvent::Kind::terminate_sent ||
@@ -464,14 +464,14 @@ void Connection::deliver_qp_events() {
                                           static_cast<int>(event->code.error_type), event->code.error_code)
                             : std::string());
     if (auto callback = callbacks_.qp_event) callback(*event);
-  } while (qp_ && (event = qp_->engine.poll_event()));
+  } while (qp_ && (event = qp_->engine->poll_event()));
 }
 
 void Connection::disconnect() {
   if (fd_ < 0) return;
   if (qp_ && phase_ == Phase::running) {
     phase_ = Phase::closing;
-    qp_->engine.disconnect();
+    qp_->engine->disconnect();
     transmit();
     drain_qp_events();
   } else {

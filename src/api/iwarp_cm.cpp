@@ -252,7 +252,7 @@ void IwarpCm::release(CmIdImpl& id) {
   auto& state = state_of(id);
   if (state.agent_id != 0) {
     // The caller's QP outlives the id: it goes to ERROR with the connection, as iw_cm does.
-    if (connection_of(state.agent_id) && !id.qp && id.qp_impl) id.qp_impl->engine.disconnect();
+    if (connection_of(state.agent_id) && !id.qp && id.qp_impl) id.qp_impl->engine->disconnect();
     agent_.destroy(state.agent_id, core_now());
     end_agent_id(id);
   }
@@ -469,17 +469,8 @@ void IwarpCm::on_connect_request(iw::IwarpCmEvent& event) {
   child_impl->peer = socket_address(event.peer);
   state_of(*child_impl).agent_id = event.id;
   ids_[event.id] = child_impl;
-  std::unique_ptr<CmId> child = CmIdImpl::make_public(child_impl);
-  CmEvent out;
-  out.type = CmEventType::connect_request;
-  out.id = child.get();
-  out.listen_id = listener->owner;
-  out.param = event_param(event);
-  out.new_id = std::move(child);
-  PEERCM_LOG(info, "cm", "id {} (iwarp, listener): CONNECT_REQUEST from {} as new id {} ({})", listener->number,
-             log::address(child_impl->peer), child_impl->number,
-             event.peer_to_peer ? "p2p, no colliding attempt" : "client/server");
-  child_impl->channel->push(std::move(out));
+  listener->push_connect_request(child_impl, event_param(event),
+                                 event.peer_to_peer ? "p2p, no colliding attempt" : "client/server");
 }
 
 core::iwarp::IwarpCmAgent::Backlog iwarp_backlog(CmId& listener) {

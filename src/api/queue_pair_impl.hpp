@@ -25,8 +25,12 @@ struct QueuePairImpl {
   std::uint32_t pd;
   bool signal_all;  // sq_sig_all
   std::uint32_t qp_num;
-  core::QueuePairEngine engine;
-  // A QP of a RoCE CmId runs on this RC core instead of `engine`, which then stays idle.
+  // The iWARP RDMAP/DDP engine. A QP made on its own keeps its receives here until a transport
+  // takes it; a RoCE QP drops it once its RC, UD or UC core runs (drop_idle_engine()), so it is
+  // null exactly when one of those is set.
+  std::unique_ptr<core::QueuePairEngine> engine;
+  void drop_idle_engine() { engine.reset(); }
+  // A QP of a RoCE CmId (or connected by modify_qp) runs on this RC core.
   std::unique_ptr<roce::RoceQp> roce;
   // A UD QP of a RoCE context (ibv_create_qp IBV_QPT_UD) runs on this core instead.
   std::unique_ptr<roce::RoceUdQp> roce_ud;

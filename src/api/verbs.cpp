@@ -15,12 +15,12 @@ QueuePairImpl::QueuePairImpl(std::shared_ptr<ContextImpl> ctx, std::uint32_t pd_
       pd(pd_handle),
       signal_all(attr.sq_sig_all),
       qp_num(context->next_qp_num()),
-      engine(core::QpConfig{.qp_num = qp_num,
-                            .pd = pd_handle,
-                            .caps = attr.caps,
-                            .signal_all = attr.sq_sig_all,
-                            .srq = srq ? &srq->queue : nullptr},
-             context->memory, *send_cq, *recv_cq) {
+      engine(std::make_unique<core::QueuePairEngine>(core::QpConfig{.qp_num = qp_num,
+                                                                    .pd = pd_handle,
+                                                                    .caps = attr.caps,
+                                                                    .signal_all = attr.sq_sig_all,
+                                                                    .srq = srq ? &srq->queue : nullptr},
+                                                     context->memory, *send_cq, *recv_cq)) {
   if (srq) ++srq->qps;
 }
 
@@ -138,7 +138,7 @@ QueuePair::~QueuePair() {
   if (impl_->standalone) impl_->context->standalone_qps.erase(impl_->qp_num);
   if (impl_->srq) {
     // A connection may still carry the engine: it must not take the SRQ's WRs any more.
-    impl_->engine.detach_srq();
+    if (impl_->engine) impl_->engine->detach_srq();
     if (impl_->roce) impl_->roce->rc.detach_srq();
     if (impl_->roce_uc) impl_->roce_uc->uc.detach_srq();
     --impl_->srq->qps;
@@ -154,7 +154,7 @@ QpState QueuePair::state() const {
   if (impl_->roce) return impl_->roce->rc.state();
   if (impl_->roce_ud) return impl_->roce_ud->ud.state();
   if (impl_->roce_uc) return impl_->roce_uc->uc.state();
-  return impl_->engine.state();
+  return impl_->engine->state();
 }
 
 Status<std::errc> QueuePair::post_send(const SendWr& wr) {
@@ -169,9 +169,9 @@ Status<std::errc> QueuePair::post_send(const SendWr& wr) {
     if (posted && impl_->kick_transmit) impl_->kick_transmit();
     return posted;
   }
-  auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine.post_send(wr);
+  auto posted = impl_->roce ? impl_->roce->rc.post_send(wr) : impl_->engine->post_send(wr);
   if (posted && impl_->kick_transmit) impl_->kick_transmit();
-  if (posted && log::enabled(log::Level::debug) && !impl_->roce && impl_->engine.transmit_fenced())
+  if (posted && log::enabled(log::Level::debug) && !impl_->roce && impl_->engine->transmit_fenced())
     PEERCM_LOG(debug, "qp", "QP {}: send WR {} held until the initiator's first FPDU arrives", impl_->qp_num, wr.wr_id);
   return posted;
 }
@@ -186,7 +186,7 @@ Status<std::errc> QueuePair::post_recv(const RecvWr& wr) {
   }
   if (impl_->roce_ud) return impl_->roce_ud->ud.post_recv(wr);
   if (impl_->roce_uc) return impl_->roce_uc->uc.post_recv(wr);
-  return impl_->engine.post_recv(wr);
+  return impl_->engine->post_recv(wr);
 }
 
 void QueuePair::to_error() {
@@ -198,7 +198,7 @@ void QueuePair::to_error() {
   } else if (impl_->roce_uc) {
     impl_->roce_uc->uc.modify_to_error();
   } else {
-    impl_->engine.disconnect();
+    impl_->engine->disconnect();
   }
   if (impl_->kick_transmit) impl_->kick_transmit();
 }

@@ -43,7 +43,7 @@ void copy_private_data(std::vector<std::uint8_t>& to, std::span<const std::uint8
 }
 
 // RFC 6581 §9.2: the initiator picks one type set in both frames — its free choice; peercm
-// prefers Write, then Read, then Send (design.md §3 rule 9). A Read RTR consumes one slot of
+// prefers Write, then Read, then Send (docs/p2p.md R9). A Read RTR consumes one slot of
 // the responder's IRD, so it is only usable when that IRD is not 0.
 RtrType choose_initiator_rtr(const IrdOrdBlock& reply) {
   if (!reply.peer_to_peer) return RtrType::none;  // §9.2: B, C, D are ignored when A=0
@@ -318,8 +318,8 @@ MpaResponder::Negotiated MpaResponder::negotiate(std::uint16_t ird, std::uint16_
   if (!request_enhanced_) return n;  // RFC 6581 §5: no block, no negotiation, no RTR
 
   // RFC 6581 §9.2: A=1 in the Request => A=1 in the Reply and at least one RTR type. peercm
-  // selects exactly one: Write, then Read, then Send only with a receive posted (design.md §3
-  // rule 9). None acceptable: still name one we support (Write); the initiator then finds no
+  // selects exactly one: Write, then Read, then Send only with a receive posted (docs/p2p.md
+  // R9). None acceptable: still name one we support (Write); the initiator then finds no
   // common type and sends Terminate 2/0/7.
   if (request_block_.peer_to_peer) {
     n.block.peer_to_peer = true;

@@ -1,5 +1,5 @@
-// The p2p collision resolver: one state per p2p key (design.md §3), one function per input.
-// Every decision carries the rule of design.md §3 it implements.
+// The p2p collision resolver: one state per p2p key (docs/p2p.md, Rules), one function per input.
+// Every decision carries the rule of docs/p2p.md it implements.
 #include "core/p2p_resolver.hpp"
 
 #include <cassert>

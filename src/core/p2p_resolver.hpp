@@ -1,9 +1,9 @@
-// The peer-to-peer collision resolver (design.md §3, normative) as a sans-IO core: application
-// calls, connection events and time in; polled actions and one deadline out. It knows attempts,
-// peers, tags and node identities — never MPA, TCP or the IB CM — so the same object serves every
-// transport binding (design.md §2 principle 5). The driver names connections (LinkId) and does
-// what each P2pAction says; the resolver keeps one small record per p2p key and forgets a link
-// once it closed and an attempt once it ended.
+// The peer-to-peer collision resolver (docs/p2p.md, Rules: R3-R8 and R5a) as a sans-IO core:
+// application calls, connection events and time in; polled actions and one deadline out. It knows
+// attempts, peers, tags and node identities — never MPA, TCP or the IB CM — so the same object
+// serves every transport (docs/p2p.md, Pieces). The transport's CM agent names connections
+// (LinkId) and does what each P2pAction says (core/p2p_executor.hpp); the resolver keeps one small
+// record per p2p key and forgets a link once it closed and an attempt once it ended.
 #pragma once
 
 #include <compare>
@@ -23,7 +23,7 @@
 
 namespace peercm::core {
 
-// design.md §3 rule 2: (peer address, advertised listening port, tag). For an outgoing attempt
+// docs/p2p.md R2: (peer address, advertised listening port, tag). For an outgoing attempt
 // the address and port are the destination; for a request, the TCP source address and the
 // listening port the initiator advertises in its CM header.
 struct P2pKey {
@@ -37,8 +37,8 @@ struct P2pKey {
   friend auto operator<=>(const P2pKey&, const P2pKey&) = default;
 };
 
-// design.md §3 vocabulary: the node GUID (random at open unless set) and the incarnation (random
-// at every open; a new one means the peer restarted).
+// docs/p2p.md, Rules, vocabulary: the node GUID (random at open unless set) and the incarnation
+// (random at every open; a new one means the peer restarted).
 struct NodeIdentity {
   std::uint64_t guid = 0;
   std::uint64_t incarnation = 0;

@@ -297,7 +297,7 @@ INSTANTIATE_TEST_SUITE_P(Revisions, StrictInitiator, ::testing::Values(1, 2),
                          [](const testing::TestParamInfo<int>& revision) { return "Revision" + std::to_string(revision.param); });
 
 TEST(Connection, PeerToPeerResponderMaySpeakFirst) {
-  // design.md §3 rule 9: the RTR lifts the fence, so the passive side's send flows at once.
+  // docs/p2p.md R9: the RTR lifts the fence, so the passive side's send flows at once.
   Options options;
   options.peer_to_peer = true;
   auto pair = LoopbackPair::connected(options);

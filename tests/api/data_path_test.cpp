@@ -175,7 +175,7 @@ TEST_P(DataPathOrdering, ManyQueuePairsAtOnce) {
   std::vector<std::unique_ptr<CmId>> clients, servers;
   for (int i = 0; i < kPairs; ++i) {
     auto id = std::move(CmId::create(*pair.client.context, *pair.client.channel, nullptr, GetParam()).value());
-    // One connection per p2p key (design.md §3 rule 5): each pair of ids uses its own tag.
+    // One connection per p2p key (docs/p2p.md R5): each pair of ids uses its own tag.
     ASSERT_TRUE(id->set_option(CmOption::p2p_tag, i));
     ASSERT_TRUE(id->resolve_addr(pair.address));
     expect_event(*pair.client.channel, CmEventType::addr_resolved);

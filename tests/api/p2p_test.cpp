@@ -1,4 +1,4 @@
-// The peer-to-peer connection model over real sockets (design.md §3): two contexts connect to
+// The peer-to-peer connection model over real sockets (docs/p2p.md, Rules): two contexts connect to
 // each other at the same moment, again and again, and always end with one connection.
 #include <gtest/gtest.h>
 

@@ -169,7 +169,7 @@ inline std::vector<std::uint8_t> mpa_request_bytes(bool crc, std::span<const std
 }
 
 // A p2p MPA Request as another peercm node sends it: CRC on, RFC 6581 peer-to-peer mode with a
-// Write RTR offered, and the CM header (design.md §3 rule 1) naming the sender.
+// Write RTR offered, and the CM header (docs/p2p.md R1) naming the sender.
 inline std::vector<std::uint8_t> p2p_request_bytes(const wire::CmHeader& header) {
   std::array<std::uint8_t, wire::kCmHeaderSize> encoded{};
   if (!wire::encode_cm_header(header, encoded)) return {};

@@ -386,7 +386,7 @@ TEST(Roce, BacklogBoundsUndecidedRequests) {
   second.new_id.reset();
 }
 
-// CmOption::connect_timeout bounds a p2p attempt over RoCE too (design.md §3 rule 8): nobody
+// CmOption::connect_timeout bounds a p2p attempt over RoCE too (docs/p2p.md R8): nobody
 // answers the REQ, and CONNECT_ERROR comes at the id's deadline, long before the agent's
 // 10 s default or the end of the CM's REQ retries.
 TEST(Roce, P2pAttemptEndsAtTheIdsConnectTimeout) {

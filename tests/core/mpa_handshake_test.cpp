@@ -507,7 +507,7 @@ TEST(MpaIrdOrd, ResponderIrdAbove14BitsFailsLocally) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// RTR negotiation (RFC 6581 §9.2, design.md §3 rule 9)
+// RTR negotiation (RFC 6581 §9.2, docs/p2p.md R9)
 
 TEST(MpaRtr, PeerToPeerBackToBackSelectsWrite) {
   Handshake h(config_with(CrcPolicy::preferred, true), MpaConfig{});

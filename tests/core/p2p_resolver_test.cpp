@@ -1,4 +1,4 @@
-// The p2p collision resolver (design.md §3), one rule at a time. The deterministic simulation in
+// The p2p collision resolver (docs/p2p.md, Rules), one rule at a time. The deterministic simulation in
 // tests/sim drives the same core over hundreds of thousands of schedules; these pin each rule.
 #include "core/p2p_resolver.hpp"
 
@@ -586,6 +586,61 @@ TEST(P2pResolver, OwnLoopedBackRequestIsDeliveredUntracked) {
   x.handle_request(kToX, 8, kSmall, 1, kStart);
   EXPECT_EQ(only_action(x).kind, Kind::deliver_request);
   EXPECT_EQ(x.tracked_links(), 1u);
+}
+
+// R5 refined (docs/p2p.md, Rules): a delivered request the application has not fetched is taken
+// back and meets the new attempt under R3. The larger sender wins: the attempt is bound to it
+// at once and never dials.
+TEST(P2pResolver, UnseenRequestOfTheLargerNodeBindsTheAttemptWithoutDialling) {
+  P2pResolver x(kSmall);
+  x.handle_request(kToY, 101, kLarge, 9, kStart);
+  ASSERT_EQ(only_action(x).kind, Kind::deliver_request);
+  LinkId asked = 0;
+  ASSERT_TRUE(x.connect(kToY, 3, 7, kDeadline, kStart, [&](LinkId link) {
+    asked = link;
+    return true;
+  }));
+  EXPECT_EQ(asked, 101u);
+  const P2pAction bind = only_action(x);
+  EXPECT_EQ(bind.kind, Kind::accept_into_attempt);
+  EXPECT_EQ(bind.link, 101u);
+  EXPECT_EQ(bind.attempt, 3u);
+  EXPECT_EQ(bind.aborted_link, 7u);
+  EXPECT_FALSE(x.attempt_dials(3, 7));
+  EXPECT_EQ(x.stats().delivered, 0u);  // it never reached the application
+  x.handle_established(kToY, 101, kLarge.incarnation);
+  EXPECT_EQ(x.established_link(kToY), 101u);
+}
+
+// The smaller sender loses: our request goes out and the taken-back request is held (R3).
+TEST(P2pResolver, UnseenRequestOfTheSmallerNodeIsHeldAndTheAttemptDials) {
+  P2pResolver x(kLarge);
+  x.handle_request(kToY, 101, kSmall, 9, kStart);
+  ASSERT_EQ(only_action(x).kind, Kind::deliver_request);
+  ASSERT_TRUE(x.connect(kToY, 3, 7, kDeadline, kStart, [](LinkId) { return true; }));
+  EXPECT_TRUE(drain(x).empty());
+  EXPECT_TRUE(x.attempt_dials(3, 7));
+  EXPECT_EQ(x.tracked_links(), 2u);
+  x.handle_established(kToY, 7, kSmall.incarnation, 9);
+  const P2pAction reject = only_action(x);
+  EXPECT_EQ(reject.kind, Kind::reject_request);
+  EXPECT_EQ(reject.link, 101u);
+  EXPECT_EQ(reject.reason, P2pRejectReason::collision);
+}
+
+// A request the application has fetched stands: EALREADY, and nothing changes.
+TEST(P2pResolver, FetchedRequestKeepsConnectEalready) {
+  P2pResolver x(kSmall);
+  x.handle_request(kToY, 101, kLarge, 9, kStart);
+  ASSERT_EQ(only_action(x).kind, Kind::deliver_request);
+  auto refused = x.connect(kToY, 3, 7, kDeadline, kStart, [](LinkId) { return false; });
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error(), std::errc::connection_already_in_progress);
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+  EXPECT_EQ(x.stats().delivered, 1u);
+  x.handle_request_accepted(101);
+  x.handle_established(kToY, 101, kLarge.incarnation);
+  EXPECT_EQ(x.established_link(kToY), 101u);
 }
 
 }  // namespace

@@ -153,7 +153,7 @@ int rdma_server(const std::string& mode, std::size_t bytes, std::uint64_t thresh
   if (!id->accept(param)) die("accept");
   next_event(*channel, CmEventType::established);
   say("established");
-  const auto& stats = qp->impl().engine.stats();
+  const auto& stats = qp->impl().engine->stats();
   const auto deadline = std::chrono::steady_clock::now() + 20s;
   while ((read_mode ? stats.fpdus_sent : stats.bytes_placed) < threshold) {
     if (std::chrono::steady_clock::now() > deadline) die("no traffic");

@@ -301,11 +301,6 @@ class RoceWorld {
     pump(e.node);
   }
 
-  // The (GUID, QPN) order of design.md §3 rule 3 over the IB CM.
-  static bool peer_wins(std::uint64_t our_guid, std::uint32_t our_qpn, const ib::IbCmPeer& peer) {
-    return std::tie(peer.guid, peer.qpn) > std::tie(our_guid, our_qpn);
-  }
-
   void connect(int a, int b, std::uint32_t tag) {
     RoceNode& n = node(a);
     if (!n.up) return;
@@ -313,42 +308,31 @@ class RoceWorld {
     const auto psn = static_cast<std::uint32_t>(rng_.next() & 0xFFFFFF);
     ib::IbCmConnectParams params{.destination = address(b), .port = kPort, .tag = tag, .peer_to_peer = true,
                                  .qpn = qpn, .starting_psn = psn};
-    auto id = n.agent->connect(params, now_);
-    if (!id && id.error() == std::errc::connection_already_in_progress && take_unseen(a, b, tag, qpn, psn)) return;
+    // docs/p2p.md R5: a CONNECT_REQUEST the application has not taken yet (it takes each one when
+    // it answers it) goes back to the CM, whose resolver lets it meet the attempt (R3).
+    const bool may_take = rng_.percent(take_unseen_);
+    ib::IbCmId taken = 0;
+    const auto take_back = [&](ib::IbCmId request) {
+      auto it = n.ids.find(request);
+      if (!may_take || it == n.ids.end() || it->second.answered) return false;
+      taken = request;
+      n.ids.erase(it);
+      return true;
+    };
+    auto id = n.agent->connect(params, now_, take_back);
     if (!id) {
       trace("n{}: connect to n{} tag {}: {}", a, b, tag, std::make_error_code(id.error()).message());
       return;
     }
     ++result_.stats.attempts;
-    trace("n{}: connect c{} to n{} tag {} qpn {:#x}", a, *id, b, tag, qpn);
+    if (taken != 0) {
+      ++result_.stats.taken_back;
+      trace("n{}: connect c{} to n{} tag {} qpn {:#x} takes back the unseen request c{}", a, *id, b, tag, qpn, taken);
+    } else {
+      trace("n{}: connect c{} to n{} tag {} qpn {:#x}", a, *id, b, tag, qpn);
+    }
     n.ids[*id] = AppId{.active = true, .peer = b, .tag = tag, .start = now_, .deadline = now_ + kConnectTimeout,
                        .qpn = qpn, .psn = psn};
-  }
-
-  // docs/p2p.md, rule 5 refined: a connect whose key has a CONNECT_REQUEST the application has
-  // not fetched yet meets that request as a collision would: when the peer's (GUID, QPN) wins,
-  // the attempt is that request (answered with the attempt's QP); otherwise EALREADY stands here
-  // (the IB CM agent cannot take a delivered request back), and the request is answered later.
-  bool take_unseen(int a, int b, std::uint32_t tag, std::uint32_t qpn, std::uint32_t psn) {
-    RoceNode& n = node(a);
-    if (!rng_.percent(take_unseen_)) return false;
-    for (auto& [id, app] : n.ids) {
-      if (app.active || app.answered || app.established || app.peer != b || app.tag != tag) continue;
-      if (!peer_wins(n.guid, qpn, app.remote)) return false;
-      const auto accepted = n.agent->accept(id, {.qpn = qpn, .starting_psn = psn}, now_);
-      if (!accepted) return false;
-      ++result_.stats.taken_back;
-      ++result_.stats.attempts;
-      trace("n{}: connect to n{} tag {} takes the unseen request c{} (qpn {:#x})", a, b, tag, id, qpn);
-      app.answered = true;
-      app.active = true;
-      app.start = now_;
-      app.deadline = now_ + kConnectTimeout;
-      app.qpn = qpn;
-      app.psn = psn;
-      return true;
-    }
-    return false;
   }
 
   void answer(const RoceEvent& e) {

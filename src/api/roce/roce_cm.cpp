@@ -130,17 +130,8 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   child_impl->bound_address = socket_address(port.address, event.service_port);
   child_impl->peer = socket_address(from_bytes(event.peer_address), event.port);
   device.track_id(port.address, event.id, child_impl);
-  std::unique_ptr<CmId> child = CmIdImpl::make_public(child_impl);
-  CmEvent out;
-  out.type = CmEventType::connect_request;
-  out.id = child.get();
-  out.listen_id = listener->owner;
-  out.param = event_param(event);
-  out.new_id = std::move(child);
-  PEERCM_LOG(info, "cm", "id {} (roce, listener): CONNECT_REQUEST from {} as new id {} ({})", listener->number,
-            log::address(child_impl->peer), child_impl->number,
-            event.datagram ? "SIDR" : event.peer_to_peer ? "p2p" : "client/server");
-  child_impl->channel->push(std::move(out));
+  listener->push_connect_request(child_impl, event_param(event),
+                                 event.datagram ? "SIDR" : event.peer_to_peer ? "p2p" : "client/server");
 }
 
 RejectReason reject_reason(std::uint16_t reason) {
@@ -239,7 +230,7 @@ void resolve_addr(CmIdImpl& id, const sockaddr_in& destination) {
 Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& qp) {
   // The QP's packets leave from the id's address: known once it is resolved or requested.
   if (st(id).address == 0 || qp->roce) return fail(std::errc::invalid_argument);
-  if (qp->engine.state() != QpState::reset && qp->engine.state() != QpState::init)
+  if (qp->engine->state() != QpState::reset && qp->engine->state() != QpState::init)
     return fail(std::errc::invalid_argument);
   const core::roce::RcQpConfig config{.pd = qp->pd,
                                       .caps = qp->caps,
@@ -250,7 +241,8 @@ Status<std::errc> attach_qp(CmIdImpl& id, const std::shared_ptr<QueuePairImpl>& 
   if (!roce) return fail(roce.error());
   qp->roce = std::move(*roce);
   // rping -q posts its receives on the QP before connecting: they move to the RC core.
-  qp->roce->rc.adopt_receives(qp->engine.take_posted_receives());
+  qp->roce->rc.adopt_receives(qp->engine->take_posted_receives());
+  qp->drop_idle_engine();
   qp->roce->owner = id.weak_from_this();
   device_of(*id.ctx).add_qp(qp);
   return {};
@@ -293,28 +285,6 @@ void start_connecting(CmIdImpl& id, core::ibcm::IbCmId agent_id, std::uint32_t p
   device.track_id(st(id).address, st(id).agent_id, id.shared_from_this());
   id.state = CmIdImpl::State::connecting;
   device.pump();
-}
-
-// design.md §3 rule 5 makes connect() EALREADY while the peer's request with our key is
-// undecided. When that request is still a CONNECT_REQUEST the application has not fetched
-// (the peer's REQ simply arrived first), the iWARP binding takes it back and lets the
-// attempt meet it; here the attempt answers it: the request's agent id becomes the
-// attempt's, accepted with the attempt's QP, and the application sees ESTABLISHED on the
-// id it connected with, the peer on its own attempt. One connection either way.
-Status<std::errc> adopt_unseen_request(CmIdImpl& id, RocePort& port, const ConnParam& param,
-                                       std::optional<CmEvent>& retracted) {
-  RoceDevice& device = device_of(*id.ctx);
-  auto request = device.find_p2p_request(st(id).address, ntohl(id.destination.sin_addr.s_addr), id.tag);
-  if (!request) return fail(std::errc::connection_already_in_progress);
-  retracted = request->channel->retract_request(request->owner);
-  if (!retracted) return fail(std::errc::connection_already_in_progress);  // the application has it
-  const core::ibcm::IbCmId agent_id = st(*request).agent_id;
-  end_agent_id(*request);
-  request->state = CmIdImpl::State::idle;
-  const core::ibcm::IbCmAcceptParams reply = reply_params(id, param);
-  if (auto accepted = port.agent.accept(agent_id, reply, now()); !accepted) return fail(accepted.error());
-  start_connecting(id, agent_id, reply.starting_psn, param);
-  return {};
 }
 
 // rdma_connect/rdma_accept without the id's own QP: the QueuePair::create one that
@@ -376,8 +346,8 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
   core::ibcm::IbCmConnectParams request;
   request.destination = to_bytes(ntohl(id.destination.sin_addr.s_addr));
   request.port = ntohs(id.destination.sin_port);
-  // The rdma_cm header's source port: a p2p key's port is the node's listener (design.md §3
-  // rule 2); a client/server REQ carries the id's own port, the passive side's peer port.
+  // The rdma_cm header's source port: a p2p key's port is the node's listener (docs/p2p.md
+  // R2); a client/server REQ carries the id's own port, the passive side's peer port.
   request.source_port = id.peer_to_peer ? device.p2p_listen_port : ntohs(id.bound_address->sin_port);
   request.tag = id.tag;
   request.peer_to_peer = id.peer_to_peer;
@@ -388,9 +358,18 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
   request.path_mtu = static_cast<std::uint8_t>(path_mtu_between(st(id).address, ntohl(id.destination.sin_addr.s_addr)));
   request.private_data = param.private_data;
   request.connect_timeout = std::chrono::milliseconds(id.connect_timeout_ms);  // CmOption::connect_timeout
-  auto agent_id = port->agent.connect(request, now());
-  if (!agent_id && agent_id.error() == std::errc::connection_already_in_progress && id.peer_to_peer)
-    return adopt_unseen_request(id, *port, param, retracted);
+  // R5's unseen-request rule (docs/p2p.md, Rules): the agent's resolver decides; taking the
+  // CONNECT_REQUEST back from the application is the only part that is ours.
+  auto take_back = [&device, &id, &retracted](core::ibcm::IbCmId request_id) {
+    auto unseen = device.find_id(st(id).address, request_id);
+    if (!unseen || unseen->state != CmIdImpl::State::request_received) return false;
+    retracted = unseen->channel->retract_request(unseen->owner);
+    if (!retracted) return false;  // the application has it: EALREADY stands
+    end_agent_id(*unseen);
+    unseen->state = CmIdImpl::State::idle;
+    return true;
+  };
+  auto agent_id = port->agent.connect(request, now(), take_back);
   if (!agent_id) return fail(agent_id.error());
   start_connecting(id, *agent_id, request.starting_psn, param);
   return {};

@@ -278,17 +278,6 @@ std::shared_ptr<CmIdImpl> RoceDevice::find_listener(Ipv4 address, std::uint16_t 
   return nullptr;
 }
 
-std::shared_ptr<CmIdImpl> RoceDevice::find_p2p_request(Ipv4 local, Ipv4 peer, std::uint32_t tag) {
-  for (auto& [key, weak] : ids_) {
-    if (key.first != local) continue;
-    auto id = weak.lock();
-    if (id && id->state == CmIdImpl::State::request_received && id->peer_to_peer && id->tag == tag &&
-        ntohl(id->peer.sin_addr.s_addr) == peer)
-      return id;
-  }
-  return nullptr;
-}
-
 std::uint16_t RoceDevice::ephemeral_service_port(Ipv4 address) {
   for (int attempt = 0; attempt < 16384; ++attempt) {
     const std::uint16_t candidate = next_service_port_;

@@ -96,9 +96,6 @@ class RoceDevice {
   // listen() on INADDR_ANY opens a port on each IPv4 address of the host's interfaces that is
   // up; those another node holds are left to it. EADDRINUSE when none could be opened.
   Status<std::errc> open_every_interface_port();
-  // A p2p request from `peer` with `tag` on our address `local`, delivered as a
-  // CONNECT_REQUEST the application may not have fetched yet.
-  std::shared_ptr<CmIdImpl> find_p2p_request(Ipv4 local, Ipv4 peer, std::uint32_t tag);
   // A free service port for a listener bound to port 0.
   std::uint16_t ephemeral_service_port(Ipv4 address);
   // Someone listens on `service` at `address`, or an id bound to it holds it (kAnyAddress:

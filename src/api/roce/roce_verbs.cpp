@@ -50,7 +50,7 @@ Status<std::errc> connect_rc(QueuePair& qp, const RcPath& path) {
   std::lock_guard lock(ctx.mutex);
   auto shared = standalone(qp);
   if (!shared || shared->claimed || impl.roce || impl.roce_ud || impl.roce_uc) return fail(std::errc::invalid_argument);
-  if (impl.engine.state() != QpState::reset && impl.engine.state() != QpState::init)
+  if (impl.engine->state() != QpState::reset && impl.engine->state() != QpState::init)
     return fail(std::errc::invalid_argument);
   const auto pmtu = path_mtu_of(path.path_mtu);
   if (!pmtu || path.remote_qpn > wire::roce::kQpnMask || path.rq_psn > wire::roce::kQpnMask ||
@@ -85,9 +85,10 @@ Status<std::errc> connect_rc(QueuePair& qp, const RcPath& path) {
   params.ack_delay = device.options().ack_delay;
   (*roce)->remote_address = path.remote;
   // Receives posted in INIT (rc_pingpong posts them before connecting) move to the RC core.
-  (*roce)->rc.adopt_receives(impl.engine.take_posted_receives());
+  (*roce)->rc.adopt_receives(impl.engine->take_posted_receives());
   if (auto connected = (*roce)->rc.connect(params, now()); !connected) return fail(connected.error());
   impl.roce = std::move(*roce);
+  impl.drop_idle_engine();
   shared->claimed = true;  // no CmId takes it by number any more
   device.add_qp(shared);
   device.pump();
@@ -118,6 +119,7 @@ Status<std::errc> make_ud(QueuePair& qp) {
   const core::roce::UdQpConfig config{
       .qpn = impl.qp_num, .pd = impl.pd, .caps = impl.caps, .signal_all = impl.signal_all};
   impl.roce_ud = std::make_unique<RoceUdQp>(config, ctx.memory, *impl.send_cq, *impl.recv_cq);
+  impl.drop_idle_engine();
   shared->claimed = true;  // a UD QP never carries a connection
   device_of(ctx).add_qp(shared);
   return {};
@@ -192,6 +194,7 @@ Status<std::errc> make_uc(QueuePair& qp) {
                                       .signal_all = impl.signal_all,
                                       .srq = impl.srq ? &impl.srq->queue : nullptr};
   impl.roce_uc = std::make_unique<RoceUcQp>(config, ctx.memory, *impl.send_cq, *impl.recv_cq);
+  impl.drop_idle_engine();
   shared->claimed = true;  // a UC QP never carries a CM connection
   device_of(ctx).add_qp(shared);
   return {};

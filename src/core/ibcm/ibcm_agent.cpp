@@ -61,7 +61,7 @@ void IbCmAgent::listen(std::uint16_t port) { listeners_.insert(port); }
 
 void IbCmAgent::stop_listening(std::uint16_t port) { listeners_.erase(port); }
 
-Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Time now) {
+Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Time now, const TakeBack& take_back) {
   const std::size_t max = params.peer_to_peer ? kMaxP2pConnectPrivateData : kMaxConnectPrivateData;
   if (params.private_data.size() > max || params.qpn > 0xFFFFFF) return fail(std::errc::invalid_argument);
   if (params.peer_to_peer && attempts_.contains(params.qpn)) return fail(std::errc::invalid_argument);
@@ -97,11 +97,22 @@ Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Ti
             .params = params};
   LinkId link = 0;
   if (params.peer_to_peer) {
-    // design.md §3 rule 5 before anything goes out: EISCONN / EALREADY.
+    // R5 (docs/p2p.md, Rules) before anything goes out: EISCONN / EALREADY, or the
+    // unseen-request rule.
     link = next_link_++;
     const Duration timeout = params.connect_timeout.value_or(config_.connect_timeout);
-    if (auto status = resolver_.connect(record.key, params.qpn, link, now + timeout); !status) {
+    auto take_back_link = [this, &take_back](LinkId request_link) { return take_back_request(request_link, take_back); };
+    if (auto status = resolver_.connect(record.key, params.qpn, link, now + timeout, now, take_back_link); !status) {
       return fail(status.error());
+    }
+    if (!resolver_.attempt_dials(params.qpn, link)) {
+      // A taken-back REQ that wins R3 binds the attempt at once: our REQ never goes out.
+      const IbCmId id = next_id_++;
+      attempts_[params.qpn] = id;
+      record.pending_attempt = true;
+      ids_.emplace(id, std::move(record));
+      drain_resolver(now);
+      return id;
     }
   }
   const std::uint32_t comm = new_conn();
@@ -190,7 +201,7 @@ Status<std::errc> IbCmAgent::disconnect(IbCmId id, Time now) {
   record->phase = Id::Phase::closing;
   if (conn.link != 0) {
     // The application gave the connection up: its p2p key is free for a new connect at once
-    // (design.md §3 rule 5 counts connections, not DREQ exchanges).
+    // (docs/p2p.md R5 counts connections, not DREQ exchanges).
     if (record->p2p) resolver_.handle_link_closed(conn.link);
     link_conn_.erase(conn.link);
     conn.link = 0;
@@ -320,7 +331,7 @@ void IbCmAgent::on_req(const w::CmReq& req, std::uint64_t tid, std::span<const s
   }
   const std::uint32_t source = to_u32(w::CmaHeader::ipv4_of(cma->header.source_ip));
   if (auto p2p = decode_p2p_header(cma->application_data)) {
-    // design.md §3 rule 2: the key is (source address, advertised listening port, tag).
+    // docs/p2p.md R2: the key is (source address, advertised listening port, tag).
     const P2pKey key{.address = source, .port = cma->header.source_port, .tag = p2p->header.tag};
     on_p2p_req(req, mad, key, p2p->header.incarnation, now);
     return;
@@ -606,7 +617,7 @@ void IbCmAgent::on_conn_event(std::uint32_t comm, const IbCmEvent& event, Time n
   }
 }
 
-// Establishment failed on `comm`: the application hears of it unless design.md §3 rule 3 says
+// Establishment failed on `comm`: the application hears of it unless docs/p2p.md R3 says
 // the attempt lives on.
 void IbCmAgent::conn_failed(std::uint32_t comm, EventKind kind, const IbCmEvent& event) {
   Conn& conn = conns_.at(comm);

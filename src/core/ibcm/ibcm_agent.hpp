@@ -2,9 +2,9 @@
 // inbound CM MAD to its connection (roce-ibcm-wire.md §4.6 lookup: REQs by the sender's (CA GUID,
 // comm ID), then by Service ID to a listener; everything else by our comm ID), allocates comm
 // IDs, answers what belongs to no connection (REJ 8, REJ 10, DREP), and binds the peer-to-peer
-// model of design.md §3 to the IB CM through the transport-independent P2pResolver.
+// model of docs/p2p.md to the IB CM through the transport-independent P2pResolver.
 //
-// p2p binding (design.md §3 rule 3, wire sheet §5): a p2p REQ carries the peercm p2p header
+// p2p binding (docs/p2p.md R3, wire sheet §5): a p2p REQ carries the peercm p2p header
 // (ibcm_p2p_header.hpp). Each REQ exchange is one resolver link. The collision order is the
 // resolver's: node GUID = CA GUID, attempt id = QPN. The active peer drops the losing REQ and its
 // copies silently; the passive peer's REQ_SENT connection takes the peer's REQ (its REQ stops,
@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -32,6 +33,7 @@
 
 #include "core/ibcm/ibcm_connection.hpp"
 #include "core/ibcm/ibcm_types.hpp"
+#include "core/p2p_executor.hpp"
 #include "core/p2p_resolver.hpp"
 #include "core/time.hpp"
 #include "wire/ibcm/cm_sidr.hpp"
@@ -45,7 +47,7 @@ struct IbCmAgentConfig {
   NodeIdentity identity;  // guid = the CA GUID of every REQ/REP; incarnation: random per open
   Ipv4Address address{};  // our IPv4 address; the GID is ::ffff:a.b.c.d (§1.1)
   IbCmTiming timing;
-  Duration connect_timeout = std::chrono::seconds(30);  // design.md §3 rule 8, p2p attempts
+  Duration connect_timeout = std::chrono::seconds(30);  // docs/p2p.md R8, p2p attempts
   std::uint32_t first_comm_id = 1;  // comm IDs count up from here (random per open, §4.6)
   std::uint32_t tid_high = 1;       // the upper 32 bits of the TIDs this agent starts (§3.3)
 };
@@ -60,7 +62,7 @@ struct IbCmConnectParams {
   Ipv4Address destination{};
   std::uint16_t port = 0;  // the service: rdma_cm's TCP port space (§6)
   // The port this node listens on, sent as the rdma_cm header's source port: p2p keys are
-  // (peer address, its listening port, tag) (design.md §3 rule 2). 0: `port`.
+  // (peer address, its listening port, tag) (docs/p2p.md R2). 0: `port`.
   std::uint16_t source_port = 0;
   std::uint32_t tag = 0;
   bool peer_to_peer = true;
@@ -72,7 +74,7 @@ struct IbCmConnectParams {
   std::uint8_t rnr_retry_count = 7;
   std::uint8_t path_mtu = 3;
   std::vector<std::uint8_t> private_data;  // ≤ 56, or ≤ 36 with peer_to_peer
-  // A p2p attempt's deadline (design.md §3 rule 8), from connect(); none: the agent's
+  // A p2p attempt's deadline (docs/p2p.md R8), from connect(); none: the agent's
   // IbCmAgentConfig::connect_timeout.
   std::optional<Duration> connect_timeout;
 };
@@ -158,7 +160,7 @@ struct IbCmAgentStats {
   std::uint64_t sidr_no_service = 0;     // answered with status service_unsupported
 };
 
-class IbCmAgent {
+class IbCmAgent : private P2pBinding {
  public:
   explicit IbCmAgent(const IbCmAgentConfig& config);
 
@@ -166,9 +168,12 @@ class IbCmAgent {
   // REQs for `port` in rdma_cm's TCP port space reach this node; others get REJ 8 (§6).
   void listen(std::uint16_t port);
   void stop_listening(std::uint16_t port);
-  // p2p: EISCONN / EALREADY per design.md §3 rule 5; EINVAL for too much private data, a field
-  // the REQ cannot carry, or a QPN another pending attempt uses.
-  Result<IbCmId, std::errc> connect(const IbCmConnectParams& params, Time now);
+  // p2p: EISCONN / EALREADY per docs/p2p.md, Rules, R5; EINVAL for too much private data, a
+  // field the REQ cannot carry, or a QPN another pending attempt uses. `take_back` is R5's
+  // unseen-request question: take the connect_request of id `request` back from the application
+  // if it has not fetched it (true); the resolver then lets its REQ meet the attempt (R3).
+  using TakeBack = std::function<bool(IbCmId request)>;
+  Result<IbCmId, std::errc> connect(const IbCmConnectParams& params, Time now, const TakeBack& take_back = {});
   // SIDR: a UD service id for `params.port`: its SIDR_REQs reach this node's UDP listeners.
   void listen_datagram(std::uint16_t port);
   void stop_listening_datagram(std::uint16_t port);
@@ -221,6 +226,8 @@ class IbCmAgent {
     LinkId link = 0;   // p2p: the resolver's name for this connection's REQ exchange
     std::optional<RemoteKey> remote;           // indexed in by_remote_
     std::optional<Time> indexed_deadline;      // indexed in timers_
+    // A delivered p2p REQ (REQ_RCVD): kept so that R5's unseen-request rule can take it back.
+    std::optional<std::array<std::uint8_t, wire::ibcm::kMadSize>> request_mad;
   };
 
   struct Id {
@@ -298,19 +305,21 @@ class IbCmAgent {
   // ibcm_agent_p2p.cpp: the resolver binding
   void on_p2p_req(const wire::ibcm::CmReq& req, std::span<const std::uint8_t> mad, const P2pKey& key,
                   std::uint64_t incarnation, Time now);
-  void drain_resolver(Time now);
-  void apply(const P2pAction& action, Time now);
-  void deliver(const P2pAction& action, Time now);
-  void bind(const P2pAction& action, Time now);
-  void drop_request(const P2pAction& action, Time now);
-  void teardown(const P2pAction& action, Time now);
-  void attempt_failed(const P2pAction& action, Time now);
+  void drain_resolver(Time now) { executor_.run(resolver_, *this, now); }
+  bool take_back_request(LinkId link, const TakeBack& take_back);
+  // P2pBinding: the resolver's actions over the IB CM (docs/p2p.md, Rules)
+  void deliver_request(const P2pAction& action, Time now) override;
+  void accept_into_attempt(const P2pAction& action, Time now) override;
+  void reject_request(const P2pAction& action, Time now) override;
+  void teardown_link(const P2pAction& action, Time now) override;
+  void attempt_failed(const P2pAction& action, Time now) override;
   std::optional<PendingRequest> take_pending(LinkId link);
   std::vector<std::uint8_t> reply_private_data(std::uint32_t tag, std::span<const std::uint8_t> application) const;
 
   IbCmAgentConfig config_;
   Gid gid_;
   P2pResolver resolver_;
+  P2pExecutor executor_;
   std::set<std::uint16_t> listeners_;
   std::map<std::uint32_t, Conn> conns_;        // by local comm ID
   std::map<IbCmId, Id> ids_;
@@ -324,7 +333,6 @@ class IbCmAgent {
   std::uint32_t next_comm_id_;
   IbCmId next_id_ = 1;
   LinkId next_link_ = 1;
-  bool draining_ = false;
   std::vector<OutboundMad> mads_;
   std::size_t next_mad_ = 0;
   std::vector<IbCmAgentEvent> events_;

@@ -1,7 +1,7 @@
-// The IB CM binding of the p2p resolver (design.md §3; roce-ibcm-wire.md §5): each p2p REQ is a
-// resolver link, and each P2pAction becomes what the IB CM does with that REQ and the
-// application's attempt. The resolver's decisions are not repeated here; only how they are
-// carried out on the IB CM differs from the iWARP binding (rule 3's last sentence).
+// The IB CM binding of the p2p resolver (docs/p2p.md, Rules; roce-ibcm-wire.md §5): each p2p
+// REQ is a resolver link, and each P2pAction becomes what the IB CM does with that REQ and the
+// application's attempt. The decisions are the resolver's and core/p2p_executor runs them; only
+// how they are carried out on the IB CM differs from the iWARP binding (R3's last sentence).
 #include <cassert>
 #include <variant>
 
@@ -13,7 +13,6 @@
 namespace peercm::core::ibcm {
 
 namespace w = wire::ibcm;
-using Kind = P2pAction::Kind;
 
 namespace {
 
@@ -51,38 +50,49 @@ void IbCmAgent::on_p2p_req(const w::CmReq& req, std::span<const std::uint8_t> ma
   drain_resolver(now);
 }
 
-void IbCmAgent::drain_resolver(Time now) {
-  if (draining_) return;  // actions queued meanwhile are taken by the loop below
-  draining_ = true;
-  while (auto action = resolver_.poll_action()) apply(*action, now);
-  draining_ = false;
-}
-
-void IbCmAgent::apply(const P2pAction& action, Time now) {
-  switch (action.kind) {
-    case Kind::deliver_request: deliver(action, now); return;
-    case Kind::accept_into_attempt: bind(action, now); return;
-    case Kind::reject_request: drop_request(action, now); return;
-    case Kind::teardown_link: teardown(action, now); return;
-    case Kind::attempt_failed: attempt_failed(action, now); return;
-  }
-}
-
 // Rule 4: CONNECT_REQUEST on the listener, exactly as in client/server mode.
-void IbCmAgent::deliver(const P2pAction& action, Time now) {
+void IbCmAgent::deliver_request(const P2pAction& action, Time now) {
   auto pending = take_pending(action.link);
   if (!pending) return;
   auto stored = decode_stored(pending->mad);
   assert(stored);
   if (!stored) return;
-  open_passive(stored->req, stored->tid, action.key, action.link, stored->incarnation, true, now);
+  const IbCmId id = open_passive(stored->req, stored->tid, action.key, action.link, stored->incarnation, true, now);
+  // R5's unseen-request rule may take it back while the application has not fetched it.
+  if (Id* record = find_id(id); record != nullptr && record->conn != 0) conns_.at(record->conn).request_mad = pending->mad;
+}
+
+// R5, the unseen-request rule: the delivered REQ on `link` goes back to waiting for the
+// resolver, if the application has not fetched its connect_request. Its REQ_RCVD connection goes
+// without a word (the sender's REQ just waits, as a held one does); copies of the REQ are held
+// again meanwhile.
+bool IbCmAgent::take_back_request(LinkId link, const TakeBack& take_back) {
+  auto found = link_conn_.find(link);
+  if (found == link_conn_.end()) return false;
+  const std::uint32_t comm = found->second;
+  Conn& conn = conns_.at(comm);
+  const IbCmId request = conn.owner;
+  Id* record = find_id(request);
+  if (record == nullptr || record->phase != Id::Phase::requested || !conn.request_mad || !conn.remote ||
+      conn.cm.state() != IbCmState::req_rcvd)
+    return false;
+  if (!take_back || !take_back(request)) return false;
+  PendingRequest pending{.mad = *conn.request_mad, .remote = *conn.remote};
+  detach(comm);
+  ids_.erase(request);
+  by_remote_.erase(*conn.remote);
+  if (conn.indexed_deadline) timers_.erase({*conn.indexed_deadline, comm});
+  conns_.erase(comm);
+  pending_by_remote_[pending.remote] = link;
+  pending_.emplace(link, pending);
+  return true;
 }
 
 // Rule 3 passive (§5): our attempt's REQ_SENT connection takes the peer's REQ — its REQ stops,
 // its comm ID stays, so copies of our dead REQ look like duplicates of this connection at the
 // peer — and answers it with a REP on the attempt's behalf. Without one (the attempt lost its
 // REQ before), a new connection does the same.
-void IbCmAgent::bind(const P2pAction& action, Time now) {
+void IbCmAgent::accept_into_attempt(const P2pAction& action, Time now) {
   auto pending = take_pending(action.link);
   auto at = attempts_.find(action.attempt);
   if (!pending || at == attempts_.end()) return;
@@ -131,7 +141,7 @@ void IbCmAgent::bind(const P2pAction& action, Time now) {
 // Rules 3 and 6 over the IB CM: the losing REQ of a collision is dropped without a word (§5);
 // a late duplicate gets REJ(consumer) carrying the CM reject "duplicate", as over iWARP, so its
 // sender's attempt knows the CM — not the application — refused it.
-void IbCmAgent::drop_request(const P2pAction& action, Time now) {
+void IbCmAgent::reject_request(const P2pAction& action, Time now) {
   auto pending = take_pending(action.link);
   if (!pending) return;
   remember_dropped(pending->remote, now);
@@ -153,7 +163,7 @@ void IbCmAgent::drop_request(const P2pAction& action, Time now) {
 
 // Rule 6: the peer restarted (or connects anew): the old connection goes, with DISCONNECTED on
 // its id once the DREQ exchange ends; one not yet established ends its id at once.
-void IbCmAgent::teardown(const P2pAction& action, Time now) {
+void IbCmAgent::teardown_link(const P2pAction& action, Time now) {
   auto found = link_conn_.find(action.link);
   if (found == link_conn_.end()) return;
   const std::uint32_t comm = found->second;

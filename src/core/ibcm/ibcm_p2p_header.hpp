@@ -1,4 +1,4 @@
-// The peercm p2p header of the IB CM binding (design.md §3 rule 1): what a p2p REQ and its REP
+// The peercm p2p header of the IB CM binding (docs/p2p.md R1): what a p2p REQ and its REP
 // carry beyond the IB CM's own fields. The node GUID is the REQ/REP Local CA GUID, the attempt id
 // the Local QPN and the listening port the Service ID's port (§6), so only the tag and the
 // incarnation need room. They travel in the application's part of the private data: in a REQ

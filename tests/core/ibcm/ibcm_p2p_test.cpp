@@ -1,4 +1,4 @@
-// Peer-to-peer over the IB CM (design.md §3, roce-ibcm-wire.md §5): REQ/REQ collisions resolved
+// Peer-to-peer over the IB CM (docs/p2p.md, roce-ibcm-wire.md §5): REQ/REQ collisions resolved
 // by (CA GUID, QPN) through the P2pResolver, the silent drop and the passive takeover, rule 5,
 // restarts (new incarnation) and late duplicates (rule 6).
 #include <gtest/gtest.h>
@@ -103,6 +103,47 @@ struct P2p : ::testing::Test {
     }
   }
 };
+
+// R5's unseen-request rule (docs/p2p.md, Rules), the same as over iWARP: a CONNECT_REQUEST the
+// application has not fetched is taken back and meets the attempt under R3. Here the REQ's
+// sender (B, GUID 0x20) is the larger: A's attempt is bound to it and A sends no REQ of its own.
+TEST_F(P2p, UnseenRequestOfTheLargerNodeBindsTheAttemptWithoutAReq) {
+  auto idb = net.agent(kB).connect(connect_params(kA, 0x200, true, 3), net.now);
+  ASSERT_TRUE(idb.has_value());
+  net.run_for(2ms);
+  const IbCmAgentEvent* request = net.find(kA, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  const IbCmId unseen = request->id;
+  const int reqs_before = net.sent[w::CmAttribute::req];
+  IbCmId asked = 0;
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true, 3), net.now, [&](IbCmId id) {
+    asked = id;
+    return true;
+  });
+  ASSERT_TRUE(ida.has_value());
+  EXPECT_EQ(asked, unseen);
+  net.run_for(100ms);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], reqs_before);
+  ASSERT_NE(net.find(kA, EventKind::established, *ida), nullptr);
+  ASSERT_NE(net.find(kB, EventKind::established, *idb), nullptr);
+  EXPECT_EQ(net.agent(kA).resolver().stats().delivered, 0u);
+}
+
+// The REQ's sender (A) is the smaller: B's attempt wins R3, its REQ goes out and A's taken-back
+// REQ is held; A binds its own attempt to B's REQ, and the held REQ is dropped without a REJ.
+TEST_F(P2p, UnseenRequestOfTheSmallerNodeIsHeldAndTheAttemptSendsItsReq) {
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true, 3), net.now);
+  ASSERT_TRUE(ida.has_value());
+  net.run_for(2ms);
+  ASSERT_NE(net.find(kB, EventKind::connect_request), nullptr);
+  auto idb = net.agent(kB).connect(connect_params(kA, 0x200, true, 3), net.now, [](IbCmId) { return true; });
+  ASSERT_TRUE(idb.has_value());
+  net.run_for(100ms);
+  ASSERT_NE(net.find(kA, EventKind::established, *ida), nullptr);
+  ASSERT_NE(net.find(kB, EventKind::established, *idb), nullptr);
+  EXPECT_EQ(net.sent[w::CmAttribute::rej], 0);
+  EXPECT_EQ(net.agent(kA).stats().p2p_bound, 1u);
+}
 
 // Rule 4 and 5: a REQ with no local attempt is a CONNECT_REQUEST; connecting to its key then
 // fails with EALREADY; once it is established, with EISCONN.
