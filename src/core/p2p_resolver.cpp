@@ -231,6 +231,14 @@ void P2pResolver::established(const P2pKey& key, LinkId link, std::uint64_t peer
   entry.attempt = 0;
   entry.collided = false;
   if (held.link == 0) return;
+  if (held.incarnation != peer_incarnation) {
+    // Rule 6 with rule 7: the peer answered from the incarnation it runs now, so a held request
+    // of another one comes from an incarnation that has ended (it arrived before the Reply, and a
+    // restart outlasts any message in flight). Over a transport without resets (the IB CM) it
+    // stays held across the restart; it is a late duplicate, not a newer attempt.
+    reject(key, held.link, P2pRejectReason::duplicate);
+    return;
+  }
   if (older_or_same(held, peer_incarnation, entry.peer_cmid)) {
     // Rule 3, active peer: the losing request gets its collision reject now.
     reject(key, held.link, P2pRejectReason::collision);

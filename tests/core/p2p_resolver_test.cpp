@@ -147,6 +147,26 @@ TEST(P2pResolver, HeldRequestOfANewerAttemptReplacesTheJustEstablishedLink) {
   EXPECT_EQ(x.tracked_attempts(), 0u);
 }
 
+// Over the IB CM nothing resets a held request's link when its sender crashes: the peer held
+// here crashed, restarted, and its new incarnation accepted our request. The held request comes
+// from the incarnation that ended (rule 7: a restart outlasts any message in flight): it is a
+// late duplicate, and the connection just established stays (found by tests/sim's RoCE world).
+TEST(P2pResolver, HeldRequestOfAnEndedIncarnationIsADuplicateOnceTheRestartedPeerAccepts) {
+  P2pResolver x(kLarge);
+  ASSERT_TRUE(x.connect(kToX, 1, 7, kDeadline));
+  x.handle_request(kToX, 9, kSmall, 50, kStart);
+  EXPECT_TRUE(drain(x).empty());
+  const NodeIdentity restarted{.guid = kSmall.guid, .incarnation = 0xA2};
+  x.handle_established(kToX, 7, restarted.incarnation, 3);
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::reject_request);
+  EXPECT_EQ(action.link, 9u);
+  EXPECT_EQ(action.reason, P2pRejectReason::duplicate);
+  EXPECT_EQ(x.established_link(kToX), std::optional<LinkId>(7));
+  EXPECT_EQ(x.tracked_links(), 1u);
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+}
+
 TEST(P2pResolver, HeldRequestIsBoundWhenTheWinningAttemptLosesItsLink) {
   P2pResolver x(kLarge);
   ASSERT_TRUE(x.connect(kToX, 1, 7, kDeadline));

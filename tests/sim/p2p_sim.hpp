@@ -1,7 +1,12 @@
-// Deterministic simulation of the peer-to-peer connection model (design.md §3): N nodes, each
-// a P2pResolver driven by a small CM model, over a simulated network with a virtual clock. One
-// seed decides every delay, reorder, connect, close, crash and restart; the four properties of
-// design.md §3 are checked during and after every run. No sockets, no sleeps, no threads.
+// Deterministic simulation of the peer-to-peer connection model (design.md §3) on either
+// transport: N nodes over one simulated network (network.hpp) with a virtual clock. One seed
+// decides every delay, loss, duplicate, reorder, partition, connect, close, crash and restart;
+// the four properties of design.md §3 are checked during and after every run. No sockets, no
+// sleeps, no threads.
+//  - iwarp: each node is the production IwarpCmAgent (src/core/iwarp_cm, with its MPA handshakes
+//    and P2pResolver) over TCP-like streams (iwarp_world.cpp).
+//  - roce: each node is the production IbCmAgent (src/core/ibcm, with its P2pResolver) over MAD
+//    datagrams (roce_world.cpp).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +15,10 @@
 
 namespace peercm::sim {
 
+enum class Transport : std::uint8_t { iwarp, roce };
+
 struct SimConfig {
+  Transport transport = Transport::iwarp;
   int nodes = 0;         // 2..6; 0: the seed picks
   bool verbose = false;  // keep a readable trace of the run in SimResult::trace
 };
@@ -26,6 +34,9 @@ struct SimStats {
   std::uint64_t timed_out = 0;           // attempt_failed
   std::uint64_t crashes = 0;
   std::uint64_t work_requests = 0;
+  std::uint64_t dropped = 0;      // roce: losing REQs (and copies) dropped silently (rule 3)
+  std::uint64_t mras = 0;         // roce: MRAs sent
+  std::uint64_t partitions = 0;   // partition windows
 };
 
 struct SimResult {
@@ -37,7 +48,10 @@ struct SimResult {
 
 SimResult run_p2p_simulation(std::uint64_t seed, const SimConfig& config);
 
-// The command line that replays `seed` exactly, with a trace: "<program> --seed S [--nodes K] --verbose".
+const char* transport_name(Transport transport);
+
+// The command line that replays `seed` exactly, with a trace:
+// "<program> --transport T --seed S [--nodes K] --verbose".
 std::string replay_command(std::string_view program, std::uint64_t seed, const SimConfig& config);
 
 }  // namespace peercm::sim

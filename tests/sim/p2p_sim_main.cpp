@@ -1,8 +1,10 @@
 // p2p_sim: run the deterministic p2p simulation from the command line.
-//   p2p_sim --seed S [--verbose]          one seed (with its trace)
+//   --transport iwarp|roce                the transport (default iwarp)
+//   p2p_sim --seed S [--verbose]          one seed (with its trace; --trace is the same)
 //   p2p_sim --seeds N [--start S]         N seeds from S (default 1)
 //   p2p_sim --duration-seconds T          soak: random seeds until T seconds passed
 //   --nodes K                             fix the node count (2..6) instead of letting the seed pick
+//   --max-reported K                      print at most K failing seeds (default: all)
 // A failing seed prints the command line that replays it. Exit status 1 on any failure.
 #include <fmt/format.h>
 
@@ -28,13 +30,14 @@ struct Options {
   std::uint64_t seeds = 1000;
   std::optional<std::uint64_t> start;
   double duration_seconds = 0;
+  std::uint64_t max_reported = UINT64_MAX;
   SimConfig config;
 };
 
 [[noreturn]] void usage(int status) {
   std::fputs(
-      "usage: p2p_sim [--seed S | --seeds N [--start S] | --duration-seconds T] [--nodes K] "
-      "[--verbose]\n",
+      "usage: p2p_sim [--transport iwarp|roce] [--seed S | --seeds N [--start S] | --duration-seconds T] "
+      "[--nodes K] [--max-reported K] [--verbose]\n",
       status == 0 ? stdout : stderr);
   std::exit(status);
 }
@@ -67,9 +70,21 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--nodes") {
       options.config.nodes = static_cast<int>(number(value()));
       if (options.config.nodes < 2 || options.config.nodes > 6) usage(2);
+    } else if (arg == "--max-reported") {
+      options.max_reported = number(value());
     } else if (arg == "--duration-seconds") {
       options.duration_seconds = static_cast<double>(number(value()));
-    } else if (arg == "--verbose") {
+    } else if (arg == "--transport") {
+      const std::string_view name = value();
+      if (name == "iwarp") {
+        options.config.transport = peercm::sim::Transport::iwarp;
+      } else if (name == "roce") {
+        options.config.transport = peercm::sim::Transport::roce;
+
+      } else {
+        usage(2);
+      }
+    } else if (arg == "--verbose" || arg == "--trace") {
       options.config.verbose = true;
     } else if (arg == "--help" || arg == "-h") {
       usage(0);
@@ -90,15 +105,20 @@ void add(SimStats& total, const SimStats& run) {
   total.timed_out += run.timed_out;
   total.crashes += run.crashes;
   total.work_requests += run.work_requests;
+  total.dropped += run.dropped;
+  total.mras += run.mras;
+  total.partitions += run.partitions;
+  total.taken_back += run.taken_back;
 }
 
 // Runs one seed quietly; on failure prints the violation and the replay command.
-bool run_seed(const char* program, std::uint64_t seed, const Options& options, SimStats& total) {
+bool run_seed(const char* program, std::uint64_t seed, const Options& options, SimStats& total, bool report) {
   SimConfig quiet = options.config;
   quiet.verbose = false;
   const SimResult result = peercm::sim::run_p2p_simulation(seed, quiet);
   add(total, result.stats);
   if (result.ok) return true;
+  if (!report) return false;
   fmt::print(stderr, "p2p_sim: seed {} FAILED {}\n  replay: {}\n", seed, result.violation,
              peercm::sim::replay_command(program, seed, options.config));
   return false;
@@ -118,9 +138,10 @@ int main(int argc, char** argv) {
                  peercm::sim::replay_command(program, *options.seed, options.config));
       return 1;
     }
-    fmt::print("p2p_sim: seed {} ok ({} events, {} attempts, {} established, {} collisions)\n",
+    fmt::print("p2p_sim: seed {} ok ({} events, {} attempts, {} established, {} collisions, {} duplicates "
+               "rejected, {} replaced)\n",
                *options.seed, result.stats.events, result.stats.attempts, result.stats.established,
-               result.stats.collisions);
+               result.stats.collisions, result.stats.rejected_duplicate, result.stats.replaced);
     return 0;
   }
 
@@ -134,19 +155,24 @@ int main(int argc, char** argv) {
   SimStats total;
   std::uint64_t ran = 0;
   std::uint64_t failures = 0;
+  std::optional<std::uint64_t> first_failure;
   for (std::uint64_t seed = start;; ++seed) {
     if (soak ? ((ran % 256) == 0 && elapsed() >= options.duration_seconds) : ran == options.seeds) break;
-    if (!run_seed(program, seed, options, total)) ++failures;
+    if (!run_seed(program, seed, options, total, failures < options.max_reported)) {
+      ++failures;
+      if (!first_failure) first_failure = seed;
+    }
     ++ran;
   }
   const double seconds = elapsed();
-  fmt::print("p2p_sim: {} seeds from {} in {:.2f}s ({:.0f} seeds/s), {} failed\n"
+  fmt::print("p2p_sim ({}): {} seeds from {} in {:.2f}s ({:.0f} seeds/s), {} failed\n"
              "  {} events, {} attempts, {} established, {} collisions resolved by binding, "
-             "{} duplicates rejected, {} links replaced, {} attempts timed out, {} crashes, "
-             "{} work requests\n",
-             ran, start, seconds, seconds > 0 ? static_cast<double>(ran) / seconds : 0.0, failures,
-             total.events, total.attempts, total.established, total.collisions,
-             total.rejected_duplicate, total.replaced, total.timed_out, total.crashes,
-             total.work_requests);
+             "{} unseen requests taken, {} duplicates rejected, {} links replaced, {} attempts failed, "
+             "{} crashes, {} partitions, {} work requests, {} losing requests dropped, {} MRAs\n",
+             peercm::sim::transport_name(options.config.transport), ran, start, seconds,
+             seconds > 0 ? static_cast<double>(ran) / seconds : 0.0, failures, total.events, total.attempts,
+             total.established, total.collisions, total.taken_back, total.rejected_duplicate, total.replaced,
+             total.timed_out, total.crashes, total.partitions, total.work_requests, total.dropped, total.mras);
+  if (first_failure) fmt::print("  first failing seed: {}\n", *first_failure);
   return failures == 0 ? 0 : 1;
 }

@@ -1,0 +1,699 @@
+// The RoCE world of the simulator: each node is a production IbCmAgent (src/core/ibcm, with its
+// P2pResolver) listening in peer-to-peer mode; CM MADs travel as datagrams on the shared network
+// (network.hpp): delayed, lost, duplicated, reordered, cut by partitions. The application model
+// connects (often from both sides at once), answers requests (accepts, rejects, answers slowly or
+// never), closes, reconnects; nodes crash and restart.
+//
+// Phases: chaos (every fault), a final round without loss or partitions in which pairs connect
+// from one or both sides, then a teardown that closes everything. Properties:
+//  - uniqueness: no node ever holds two established connections for one (peer, tag);
+//  - liveness: every attempt ends (ESTABLISHED or an error) by its deadline; between nodes that
+//    stayed up and could reach each other, without loss and with applications that answer, no
+//    attempt ends in an error; after the final round every pair and tag holds exactly one
+//    connection;
+//  - integrity: no connection ends unless an application closed it or a node restarted; at
+//    quiescence both ends agree on every connection: each one's peer comm ID, QPN and starting PSN
+//    are the other's own; and two production RC QPs set up with what the two CMs negotiated for
+//    one of the connections carry Sends over the lossy network exactly once, in order, intact
+//    (rc_data.hpp);
+//  - no leak: once everything is closed and every timer ran out, agents hold no connection, id,
+//    pending REQ, timer or resolver state.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "core/ibcm/ibcm_agent.hpp"
+#include "network.hpp"
+#include "rc_data.hpp"
+#include "worlds.hpp"
+#include "wire/ibcm/cm_common.hpp"
+#include "wire/ibcm/gid.hpp"
+
+namespace peercm::sim {
+namespace {
+
+using namespace std::chrono_literals;
+namespace ib = core::ibcm;
+namespace w = wire::ibcm;
+using AgentEvent = ib::IbCmAgentEvent::Kind;
+
+constexpr std::uint16_t kPort = 7471;
+constexpr std::uint64_t kMaxRoceEvents = 2'000'000;
+constexpr Duration kConnectTimeout = 300ms;
+
+enum class Ev : std::uint8_t { mad, timer, connect, answer, close, crash, restart };
+
+struct RoceEvent {
+  Time at{};
+  std::uint64_t seq = 0;
+  Ev kind = Ev::mad;
+  int node = 0;
+  std::uint32_t epoch = 0;
+  int peer = 0;
+  std::uint32_t tag = 0;
+  ib::IbCmId id = 0;
+  bool accept = true;
+  int from = 0;
+  Duration downtime{};
+  std::shared_ptr<const ib::OutboundMad> mad;
+};
+
+struct RoceLater {
+  bool operator()(const RoceEvent& a, const RoceEvent& b) const { return a.at != b.at ? a.at > b.at : a.seq > b.seq; }
+};
+
+// What the application knows of one of its ids.
+struct AppId {
+  bool active = false;
+  int peer = 0;
+  std::uint32_t tag = 0;
+  bool established = false;
+  bool answered = false;  // passive: the application accepted or rejected it
+  bool closed = false;    // this application closed it
+  Time start{};           // active: when the application connected
+  Time deadline{};
+  std::uint32_t peer_epoch = 0;  // the peer's incarnation when it was ESTABLISHED here
+  std::uint32_t qpn = 0;  // ours, as given to connect() or accept()
+  std::uint32_t psn = 0;
+  std::uint32_t local_comm = 0;
+  ib::IbCmPeer remote;    // from ESTABLISHED (or the CONNECT_REQUEST)
+};
+
+struct RoceNode {
+  std::unique_ptr<ib::IbCmAgent> agent;
+  bool up = true;
+  std::uint32_t epoch = 1;
+  std::uint64_t guid = 0;
+  std::uint32_t next_qpn = 0;
+  std::optional<Time> timer;
+  std::map<ib::IbCmId, AppId> ids;
+  std::vector<std::pair<Time, Time>> down;  // [crash, restart) windows
+  std::vector<std::uint32_t> closed_comms;       // local comm IDs of connections this application closed
+  std::vector<std::uint32_t> established_comms;  // local comm IDs of connections ever ESTABLISHED here
+  std::vector<std::tuple<Time, int, std::uint32_t>> closes;  // (when, peer, tag) this application closed
+};
+
+enum class Phase : std::uint8_t { chaos, final_round, teardown };
+
+class RoceWorld {
+ public:
+  RoceWorld(std::uint64_t seed, const SimConfig& config)
+      : seed_(seed), config_(config), rng_(seed), network_(rng_, Faults{}) {
+    nodes_count_ = config.nodes > 0 ? config.nodes : rng_.between(2, 4);
+    tags_ = static_cast<std::uint32_t>(rng_.between(1, 2));
+    faults_ = Faults{.max_delay = Duration{rng_.between(100, 4000) * 1000},  // 0.1 to 4 ms
+                     .zero_delay_percent = 10,
+                     .loss_percent = rng_.percent(70) ? static_cast<unsigned>(rng_.between(0, 10)) : 0u,
+                     .duplicate_percent = rng_.percent(60) ? static_cast<unsigned>(rng_.between(0, 10)) : 0u};
+    network_.set_faults(faults_);
+    simultaneous_ = static_cast<unsigned>(rng_.between(30, 90));
+    reject_ = rng_.percent(50) ? static_cast<unsigned>(rng_.between(0, 30)) : 0u;
+    slow_ = rng_.percent(50) ? static_cast<unsigned>(rng_.between(0, 30)) : 0u;
+    silent_ = rng_.percent(20) ? static_cast<unsigned>(rng_.between(0, 10)) : 0u;
+    close_ = static_cast<unsigned>(rng_.between(0, 50));
+    take_unseen_ = rng_.percent(50) ? static_cast<unsigned>(rng_.between(0, 100)) : 0u;
+    crashes_ = rng_.percent(40) ? 1 : 0;
+    partitions_ = rng_.percent(25) ? rng_.between(1, 2) : 0;
+    shared_guid_ = rng_.percent(20);
+    timing_ = {.packet_lifetime = 10, .cm_response_timeout = 12, .max_cm_retries = 4, .service_timeout = 14,
+               .timewait = 13};
+    // Some seeds give nodes with one GUID the same QPN sequence too (identical processes): then
+    // only the incarnation orders their colliding attempts (rule 3's tie-break).
+    shared_qpns_ = shared_guid_ && rng_.percent(50);
+    first_qpn_ = static_cast<std::uint32_t>(rng_.between(0x100, 0x400000));
+    for (int i = 0; i < nodes_count_; ++i) {
+      nodes_.emplace_back();
+      nodes_.back().guid = shared_guid_ ? 0x5000 : 0x5000 + rng_.next() % 0x1000;
+      open(i);
+    }
+  }
+
+  SimResult run() {
+    trace("seed {} (roce): {} nodes, {} tag(s), delays 0..{}us, loss {}%, duplicates {}%, {}% simultaneous, "
+          "app reject {}%, slow {}%, silent {}%, close {}%, take unseen {}%, {} crash(es), {} partition(s){}",
+          seed_, nodes_count_, tags_, std::chrono::duration_cast<std::chrono::microseconds>(faults_.max_delay).count(),
+          faults_.loss_percent, faults_.duplicate_percent, simultaneous_, reject_, slow_, silent_, close_,
+          take_unseen_, crashes_, partitions_, shared_guid_ ? ", shared GUIDs" : "");
+    const Duration chaos = Duration{rng_.between(20, 200) * 1000000};
+    const int connects = rng_.between(2, 12);
+    for (int i = 0; i < connects; ++i) {
+      const auto [a, b] = pair();
+      const std::uint32_t tag = random_tag();
+      const Time at = now_ + upto(chaos);
+      schedule({.at = at, .kind = Ev::connect, .node = a, .peer = b, .tag = tag});
+      if (rng_.percent(simultaneous_)) {
+        schedule({.at = at + (rng_.percent(50) ? Duration::zero() : upto(faults_.max_delay)), .kind = Ev::connect,
+                  .node = b, .peer = a, .tag = tag});
+      }
+    }
+    for (int i = 0; i < crashes_; ++i) {
+      schedule({.at = now_ + upto(chaos), .kind = Ev::crash, .node = rng_.between(0, nodes_count_ - 1),
+                .downtime = Duration{rng_.between(1, 300) * 1000000}});
+    }
+    for (int i = 0; i < partitions_; ++i) {
+      const auto [a, b] = pair();
+      const Time from = now_ + upto(chaos);
+      const Time until = from + Duration{rng_.between(1, 400) * 1000000};
+      network_.partition({.a = a, .b = b, .from = from, .until = until});
+      ++result_.stats.partitions;
+      trace("partition n{} | n{} from {:.3f} ms to {:.3f} ms", a, b, ms(from), ms(until));
+    }
+    trace("--- chaos phase");
+    if (!run_until_quiet()) return finish();
+    check_quiet_state("after chaos");
+    if (!result_.ok) return finish();
+
+    // Final round: no loss, no partitions; every pair asks for every tag from both sides. (Both:
+    // without keepalives, a connection to a crashed incarnation stays half-open at the survivor
+    // until the restarted node's REQ replaces it, rule 6.)
+    trace("--- final round");
+    phase_ = Phase::final_round;
+    chaos_loss_ = faults_.loss_percent;
+    faults_.loss_percent = 0;
+    network_.set_faults(faults_);
+    network_.heal_all();
+    for (int a = 0; a < nodes_count_; ++a) {
+      for (int b = a + 1; b < nodes_count_; ++b) {
+        for (std::uint32_t tag = 0; tag < tags_; ++tag) {
+          const Time at = now_ + upto(2ms);
+          schedule({.at = at, .kind = Ev::connect, .node = a, .peer = b, .tag = tag});
+          schedule({.at = at + (rng_.percent(50) ? Duration::zero() : upto(faults_.max_delay)), .kind = Ev::connect,
+                    .node = b, .peer = a, .tag = tag});
+        }
+      }
+    }
+    if (!run_until_quiet()) return finish();
+    check_quiet_state("after the final round");
+    check_final_round();
+    if (!result_.ok) return finish();
+    check_data();
+    if (!result_.ok) return finish();
+
+    // Teardown: every node closes everything; then nothing may remain.
+    trace("--- teardown");
+    phase_ = Phase::teardown;
+    for (int n = 0; n < nodes_count_; ++n) {
+      std::vector<ib::IbCmId> ids;
+      for (const auto& [id, app] : node(n).ids) {
+        if (app.established) ids.push_back(id);
+      }
+      for (ib::IbCmId id : ids) close(n, id);
+    }
+    if (!run_until_quiet()) return finish();
+    check_no_leak();
+    return finish();
+  }
+
+ private:
+  RoceNode& node(int i) { return nodes_[static_cast<std::size_t>(i)]; }
+  static ib::Ipv4Address address(int i) { return {10, 0, 0, static_cast<std::uint8_t>(i + 1)}; }
+  static int index_of(const ib::Ipv4Address& a) { return a[3] - 1; }
+  static double ms(Time t) { return static_cast<double>(t.time_since_epoch().count()) / 1e6; }
+  Duration upto(Duration max) {
+    return max.count() <= 0 ? Duration::zero()
+                            : Duration{static_cast<Duration::rep>(
+                                  rng_.between(std::uint64_t{0}, static_cast<std::uint64_t>(max.count())))};
+  }
+  std::pair<int, int> pair() {
+    const int a = rng_.between(0, nodes_count_ - 1);
+    int b = rng_.between(0, nodes_count_ - 2);
+    if (b >= a) ++b;
+    return {a, b};
+  }
+  std::uint32_t random_tag() { return static_cast<std::uint32_t>(rng_.between(0, static_cast<int>(tags_) - 1)); }
+
+  void open(int i) {
+    RoceNode& n = node(i);
+    ib::IbCmAgentConfig agent_config{.identity = {.guid = n.guid, .incarnation = rng_.next() | 1},
+                                     .address = address(i),
+                                     .timing = timing_,
+                                     .connect_timeout = kConnectTimeout,
+                                     .first_comm_id = static_cast<std::uint32_t>(rng_.next()),
+                                     .tid_high = static_cast<std::uint32_t>(i + 1)};
+    n.agent = std::make_unique<ib::IbCmAgent>(agent_config);
+    n.agent->listen(kPort);
+    n.up = true;
+    n.next_qpn = shared_qpns_ ? first_qpn_ : static_cast<std::uint32_t>(rng_.between(0x100, 0x400000));
+    n.timer.reset();
+  }
+
+  void schedule(RoceEvent e) {
+    e.seq = seq_++;
+    queue_.push_back(std::move(e));
+    std::push_heap(queue_.begin(), queue_.end(), RoceLater{});
+  }
+
+  bool run_until_quiet() {
+    while (!queue_.empty()) {
+      std::pop_heap(queue_.begin(), queue_.end(), RoceLater{});
+      RoceEvent e = std::move(queue_.back());
+      queue_.pop_back();
+      now_ = std::max(now_, e.at);
+      if (++result_.stats.events > kMaxRoceEvents) {
+        violation("no quiescence (event budget exhausted)");
+        return false;
+      }
+      dispatch(e);
+      if (!result_.ok) return false;
+    }
+    return true;
+  }
+
+  void dispatch(const RoceEvent& e) {
+    switch (e.kind) {
+      case Ev::mad: {
+        RoceNode& n = node(e.node);
+        if (!n.up) return;
+        n.agent->handle_mad(w::ipv4_mapped_gid(address(e.from)), e.mad->bytes, now_);
+        break;
+      }
+      case Ev::timer: {
+        RoceNode& n = node(e.node);
+        if (!n.up || n.epoch != e.epoch) return;
+        if (n.timer == e.at) n.timer.reset();
+        if (auto d = n.agent->next_deadline(); d && *d <= now_) n.agent->handle_timeout(now_);
+        break;
+      }
+      case Ev::connect: connect(e.node, e.peer, e.tag); break;
+      case Ev::answer: answer(e); break;
+      case Ev::close:
+        if (!node(e.node).up || node(e.node).epoch != e.epoch) return;
+        close(e.node, e.id);
+        break;
+      case Ev::crash: crash(e.node, e.downtime); return;
+      case Ev::restart: {
+        RoceNode& n = node(e.node);
+        if (n.up || n.epoch != e.epoch) return;
+        ++n.epoch;
+        n.down.back().second = now_;
+        open(e.node);
+        trace("n{}#{}: RESTART", e.node, n.epoch);
+        break;
+      }
+    }
+    pump(e.node);
+  }
+
+  void connect(int a, int b, std::uint32_t tag) {
+    RoceNode& n = node(a);
+    if (!n.up) return;
+    const std::uint32_t qpn = n.next_qpn++;
+    const auto psn = static_cast<std::uint32_t>(rng_.next() & 0xFFFFFF);
+    ib::IbCmConnectParams params{.destination = address(b), .port = kPort, .tag = tag, .peer_to_peer = true,
+                                 .qpn = qpn, .starting_psn = psn};
+    // docs/p2p.md R5: a CONNECT_REQUEST the application has not taken yet (it takes each one when
+    // it answers it) goes back to the CM, whose resolver lets it meet the attempt (R3).
+    const bool may_take = rng_.percent(take_unseen_);
+    ib::IbCmId taken = 0;
+    const auto take_back = [&](ib::IbCmId request) {
+      auto it = n.ids.find(request);
+      if (!may_take || it == n.ids.end() || it->second.answered) return false;
+      taken = request;
+      n.ids.erase(it);
+      return true;
+    };
+    auto id = n.agent->connect(params, now_, take_back);
+    if (!id) {
+      trace("n{}: connect to n{} tag {}: {}", a, b, tag, std::make_error_code(id.error()).message());
+      return;
+    }
+    ++result_.stats.attempts;
+    if (taken != 0) {
+      ++result_.stats.taken_back;
+      trace("n{}: connect c{} to n{} tag {} qpn {:#x} takes back the unseen request c{}", a, *id, b, tag, qpn, taken);
+    } else {
+      trace("n{}: connect c{} to n{} tag {} qpn {:#x}", a, *id, b, tag, qpn);
+    }
+    n.ids[*id] = AppId{.active = true, .peer = b, .tag = tag, .start = now_, .deadline = now_ + kConnectTimeout,
+                       .qpn = qpn, .psn = psn};
+  }
+
+  void answer(const RoceEvent& e) {
+    RoceNode& n = node(e.node);
+    if (!n.up || n.epoch != e.epoch) return;
+    auto it = n.ids.find(e.id);
+    if (it == n.ids.end() || it->second.answered) return;
+    it->second.answered = true;
+    if (e.accept) {
+      const std::uint32_t qpn = n.next_qpn++;
+      const auto psn = static_cast<std::uint32_t>(rng_.next() & 0xFFFFFF);
+      const auto status = n.agent->accept(e.id, {.qpn = qpn, .starting_psn = psn}, now_);
+      trace("n{}: accept c{}: {}", e.node, e.id, status ? "ok" : "EINVAL");
+      it->second.qpn = qpn;
+      it->second.psn = psn;
+    } else {
+      const auto status = n.agent->reject(e.id, {}, now_);
+      trace("n{}: reject c{}: {}", e.node, e.id, status ? "ok" : "EINVAL");
+      const AppId rejected = it->second;
+      if (status) n.ids.erase(it);
+      // Some applications turn a request down to connect themselves: the two attempts may meet
+      // (docs/p2p-resolver.md, decision 2: the active peer holds the losing request).
+      if (status && rng_.percent(50)) {
+        schedule({.at = now_ + upto(faults_.max_delay), .kind = Ev::connect, .node = e.node, .peer = rejected.peer,
+                  .tag = rejected.tag});
+      }
+    }
+  }
+
+  void close(int i, ib::IbCmId id) {
+    RoceNode& n = node(i);
+    auto it = n.ids.find(id);
+    if (it == n.ids.end() || !it->second.established) return;
+    if (!n.agent->disconnect(id, now_)) return;
+    trace("n{}: close c{}", i, id);
+    it->second.established = false;
+    it->second.closed = true;
+    n.closed_comms.push_back(it->second.local_comm);
+    n.closes.emplace_back(now_, it->second.peer, it->second.tag);
+    const AppId app = it->second;
+    pump(i);
+    if (phase_ == Phase::chaos && rng_.percent(30)) {
+      schedule({.at = now_ + upto(faults_.max_delay), .kind = Ev::connect, .node = i, .peer = app.peer, .tag = app.tag});
+    }
+  }
+
+  void crash(int i, Duration downtime) {
+    RoceNode& n = node(i);
+    if (!n.up) return;
+    trace("n{}#{}: CRASH for {}ms", i, n.epoch, std::chrono::duration_cast<std::chrono::milliseconds>(downtime).count());
+    ++result_.stats.crashes;
+    collect_stats(*n.agent);
+    n.agent.reset();
+    n.up = false;
+    n.down.emplace_back(now_, Time::max());
+    n.ids.clear();
+    n.timer.reset();
+    schedule({.at = now_ + downtime, .kind = Ev::restart, .node = i, .epoch = n.epoch});
+  }
+
+  // Moves a node's outputs on: MADs onto the network, events to its application, its deadline.
+  void pump(int i) {
+    RoceNode& n = node(i);
+    if (!n.up) return;
+    while (auto mad = n.agent->poll_mad()) {
+      const auto to = w::ipv4_of_gid(mad->destination);
+      if (!to) continue;
+      const int target = index_of(*to);
+      if (target < 0 || target >= nodes_count_) continue;
+      if ((mad->bytes[16] << 8 | mad->bytes[17]) == static_cast<int>(w::CmAttribute::mra)) ++result_.stats.mras;
+      auto shared = std::make_shared<const ib::OutboundMad>(*mad);
+      for (Time at : network_.datagram_arrivals(i, target, now_)) {
+        schedule({.at = at, .kind = Ev::mad, .node = target, .from = i, .mad = shared});
+      }
+    }
+    while (auto event = n.agent->poll_event()) {
+      on_event(i, *event);
+      if (!result_.ok) return;
+    }
+    if (auto d = n.agent->next_deadline(); d && (!n.timer || *d < *n.timer)) {
+      n.timer = std::max(*d, now_);
+      schedule({.at = *n.timer, .kind = Ev::timer, .node = i, .epoch = n.epoch});
+    }
+  }
+
+  void on_event(int i, const ib::IbCmAgentEvent& e) {
+    RoceNode& n = node(i);
+    switch (e.kind) {
+      case AgentEvent::connect_request: {
+        const int peer = index_of(e.peer_address);
+        n.ids[e.id] = AppId{.active = false, .peer = peer, .tag = e.tag, .remote = e.peer};
+        trace("n{}: CONNECT_REQUEST c{} from n{} tag {}", i, e.id, peer, e.tag);
+        const bool chaos = phase_ == Phase::chaos;
+        if (chaos && rng_.percent(silent_)) return;  // never answered: the MRA promise runs out
+        const bool accept = !chaos || !rng_.percent(reject_);
+        const Duration delay = rng_.percent(slow_) ? Duration{rng_.between(10, 40) * 1000000} : upto(2ms);
+        schedule({.at = now_ + delay, .kind = Ev::answer, .node = i, .epoch = n.epoch, .id = e.id, .accept = accept});
+        return;
+      }
+      case AgentEvent::established: {
+        auto it = n.ids.find(e.id);
+        if (it == n.ids.end()) {
+          violation(fmt::format("n{}: ESTABLISHED on c{}, which the application does not know", i, e.id));
+          return;
+        }
+        AppId& app = it->second;
+        if (app.active && now_ > app.deadline) {
+          violation(fmt::format("liveness: n{} attempt c{} established after its deadline", i, e.id));
+          return;
+        }
+        app.established = true;
+        app.local_comm = e.local_comm_id;
+        app.remote = e.peer;
+        app.peer_epoch = node(app.peer).epoch;
+        n.established_comms.push_back(app.local_comm);
+        ++result_.stats.established;
+        trace("n{}: c{} ESTABLISHED (comm {:#x} <-> {:#x})", i, e.id, app.local_comm, app.remote.comm_id);
+        int count = 0;
+        for (const auto& [id, other] : n.ids) count += other.established && other.peer == app.peer && other.tag == app.tag;
+        if (count > 1) {
+          violation(fmt::format("uniqueness: n{} holds {} connections to n{} tag {}", i, count, app.peer, app.tag));
+          return;
+        }
+        if (phase_ == Phase::chaos && rng_.percent(close_)) {
+          schedule({.at = now_ + (rng_.percent(30) ? Duration::zero() : Duration{rng_.between(0, 100) * 1000000}),
+                    .kind = Ev::close, .node = i, .epoch = n.epoch, .id = e.id});
+        }
+        return;
+      }
+      case AgentEvent::rejected:
+      case AgentEvent::unreachable:
+      case AgentEvent::connect_error: {
+        auto it = n.ids.find(e.id);
+        if (it == n.ids.end()) return;
+        if (it->second.active) {
+          ++result_.stats.timed_out;
+          if (now_ > it->second.deadline) {
+            violation(fmt::format("liveness: n{} attempt c{} ended after its deadline", i, e.id));
+            return;
+          }
+          if (e.kind != AgentEvent::rejected && !excused(i, it->second)) {
+            violation(fmt::format("liveness: n{}'s attempt c{} to n{} tag {} (started at {:.3f} ms) ended in an "
+                                  "error though both nodes stayed up and nothing was lost",
+                                  i, e.id, it->second.peer, it->second.tag, ms(it->second.start)));
+            return;
+          }
+        }
+        trace("n{}: c{} ends ({})", i, e.id, static_cast<int>(e.kind));
+        n.ids.erase(it);
+        return;
+      }
+      case AgentEvent::disconnected: {
+        trace("n{}: c{} DISCONNECTED", i, e.id);
+        auto it = n.ids.find(e.id);
+        if (it == n.ids.end()) return;
+        const AppId& app = it->second;
+        const RoceNode& peer = node(app.peer);
+        const auto known = [&](const std::vector<std::uint32_t>& comms) {
+          return std::find(comms.begin(), comms.end(), app.remote.comm_id) != comms.end();
+        };
+        // A connection ends rightly when an application closed it, when the peer restarted, or
+        // when it never was ESTABLISHED at the peer (its RTU was lost: the peer's side failed).
+        const bool explained = app.closed || !app.established || peer.epoch != app.peer_epoch || !peer.up ||
+                               known(peer.closed_comms) || !known(peer.established_comms);
+        if (!explained) {
+          violation(fmt::format("integrity: n{}'s connection c{} to n{} tag {} ended though neither application "
+                                "closed it and n{} did not restart",
+                                i, e.id, app.peer, app.tag, app.peer));
+          return;
+        }
+        it->second.established = false;
+        return;
+      }
+      case AgentEvent::timewait_exit:
+        n.ids.erase(e.id);
+        return;
+    }
+  }
+
+  // Whether an attempt may rightly end in an error: a crash of either node within one timeout
+  // before it or during it, a partition between them meanwhile, any loss in this phase, a peer
+  // application that leaves requests unanswered, or one that closed a connection of this key
+  // meanwhile (the one the attempt was bound to, before it was ESTABLISHED here).
+  bool excused(int i, const AppId& attempt) const {
+    if (phase_ == Phase::chaos && (faults_.loss_percent > 0 || silent_ > 0)) return true;
+    for (const auto& [when, peer, tag] : nodes_[static_cast<std::size_t>(attempt.peer)].closes) {
+      if (peer == i && tag == attempt.tag && when >= attempt.start) return true;
+    }
+    const Time from = attempt.start - kConnectTimeout;
+    for (int n : {i, attempt.peer}) {
+      for (const auto& [crash, restart] : nodes_[static_cast<std::size_t>(n)].down) {
+        if (crash <= now_ && restart >= from) return true;
+      }
+    }
+    for (const Partition& p : network_.partitions()) {
+      if (((p.a == i && p.b == attempt.peer) || (p.a == attempt.peer && p.b == i)) && p.from <= now_ &&
+          p.until >= from) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // At quiescence: every attempt has ended, every delivered request has been answered.
+  void check_quiet_state(const char* when) {
+    for (int i = 0; i < nodes_count_ && result_.ok; ++i) {
+      for (const auto& [id, app] : node(i).ids) {
+        if (!app.established) {
+          violation(fmt::format("liveness {}: n{} c{} ({}) neither established nor ended", when, i, id,
+                                app.active ? "attempt" : "request"));
+          return;
+        }
+      }
+    }
+  }
+
+  // Every pair and tag: exactly one connection, and both ends agree on it.
+  void check_final_round() {
+    for (int a = 0; a < nodes_count_ && result_.ok; ++a) {
+      for (int b = 0; b < nodes_count_ && result_.ok; ++b) {
+        if (a == b) continue;
+        for (std::uint32_t tag = 0; tag < tags_; ++tag) {
+          const AppId* mine = nullptr;
+          int count = 0;
+          for (const auto& [id, app] : node(a).ids) {
+            if (app.established && app.peer == b && app.tag == tag) {
+              ++count;
+              mine = &app;
+            }
+          }
+          if (count != 1) {
+            violation(fmt::format("liveness: n{} holds {} connections to n{} tag {} after the final round", a, count,
+                                  b, tag));
+            return;
+          }
+          bool mirrored = false;
+          for (const auto& [id, app] : node(b).ids) {
+            mirrored |= app.established && app.peer == a && app.tag == tag && app.local_comm == mine->remote.comm_id &&
+                        app.remote.comm_id == mine->local_comm && app.qpn == mine->remote.qpn &&
+                        app.psn == mine->remote.starting_psn && app.remote.qpn == mine->qpn &&
+                        app.remote.starting_psn == mine->psn;
+          }
+          if (!mirrored) {
+            violation(fmt::format("integrity: n{}'s connection to n{} tag {} (comm {:#x} <-> {:#x}, qpn {:#x} <-> "
+                                  "{:#x}) has no mirror",
+                                  a, b, tag, mine->local_comm, mine->remote.comm_id, mine->qpn, mine->remote.qpn));
+            return;
+          }
+        }
+      }
+    }
+  }
+
+  // One connection, picked at random, carries data between two production RC QPs set up with
+  // exactly what each end's CM negotiated, over the chaos phase's duplicates and reordering and
+  // up to 5% loss (more would let seven retries run out now and then, which is the QP's own
+  // test's business, not the CM's).
+  void check_data() {
+    const auto [a, b] = pair();
+    const std::uint32_t tag = random_tag();
+    const AppId* ends[2] = {nullptr, nullptr};
+    for (int side = 0; side < 2; ++side) {
+      for (const auto& [id, app] : node(side == 0 ? a : b).ids) {
+        if (app.established && app.peer == (side == 0 ? b : a) && app.tag == tag) ends[side] = &app;
+      }
+    }
+    if (ends[0] == nullptr || ends[1] == nullptr) return;  // check_final_round has vouched for it
+    Faults data_faults = faults_;
+    data_faults.loss_percent = std::min(chaos_loss_, 5u);
+    network_.set_faults(data_faults);
+    const auto end_of = [](int index, const AppId& app) {
+      return RcEnd{.node = index, .qpn = app.qpn, .psn = app.psn, .peer_qpn = app.remote.qpn,
+                   .peer_psn = app.remote.starting_psn};
+    };
+    const RcDataResult data = check_rc_data(rng_, network_, end_of(a, *ends[0]), end_of(b, *ends[1]), now_);
+    network_.set_faults(faults_);
+    result_.stats.work_requests += data.messages;
+    trace("data: n{} <-> n{} tag {}: {} messages in {} packets{}", a, b, tag, data.messages, data.packets,
+          data.failure.empty() ? "" : ": " + data.failure);
+    if (!data.failure.empty()) {
+      violation(fmt::format("integrity: data between n{} and n{} tag {}: {}", a, b, tag, data.failure));
+    }
+  }
+
+  void check_no_leak() {
+    for (int i = 0; i < nodes_count_ && result_.ok; ++i) {
+      const ib::IbCmAgent& agent = *node(i).agent;
+      if (!node(i).ids.empty() || agent.connection_count() != 0 || agent.id_count() != 0 ||
+          agent.pending_request_count() != 0 || agent.next_deadline() || agent.resolver().tracked_links() != 0 ||
+          agent.resolver().tracked_attempts() != 0) {
+        violation(fmt::format(
+            "no leak: n{} keeps app ids {} connections {} ids {} pending {} timer {} links {} attempts {}", i,
+            node(i).ids.size(), agent.connection_count(), agent.id_count(), agent.pending_request_count(),
+            agent.next_deadline().has_value(), agent.resolver().tracked_links(), agent.resolver().tracked_attempts()));
+      }
+    }
+  }
+
+  void collect_stats(const ib::IbCmAgent& agent) {
+    result_.stats.collisions += agent.stats().p2p_bound;
+    result_.stats.dropped += agent.stats().p2p_dropped;
+    result_.stats.rejected_duplicate += agent.stats().p2p_duplicates;
+    result_.stats.replaced += agent.resolver().stats().replaced_restarted + agent.resolver().stats().replaced_stale;
+  }
+
+  SimResult finish() {
+    for (int i = 0; i < nodes_count_; ++i) {
+      if (node(i).up) collect_stats(*node(i).agent);
+    }
+    return std::move(result_);
+  }
+
+  void violation(std::string what) {
+    if (!result_.ok) return;
+    result_.ok = false;
+    result_.violation = fmt::format("at {:.3f} ms: {}", ms(now_), what);
+    trace("VIOLATION: {}", result_.violation);
+  }
+
+  template <class... Args>
+  void trace(fmt::format_string<Args...> format, Args&&... args) {
+    if (!config_.verbose) return;
+    auto out = std::back_inserter(result_.trace);
+    fmt::format_to(out, "{:10.3f}ms  ", ms(now_));
+    fmt::format_to(out, format, std::forward<Args>(args)...);
+    result_.trace.push_back('\n');
+  }
+
+  std::uint64_t seed_;
+  SimConfig config_;
+  Rng rng_;
+  Network network_;
+  Faults faults_;
+  int nodes_count_ = 2;
+  std::uint32_t tags_ = 1;
+  unsigned simultaneous_ = 0;
+  unsigned reject_ = 0;
+  unsigned slow_ = 0;
+  unsigned silent_ = 0;
+  unsigned close_ = 0;
+  unsigned take_unseen_ = 0;
+  unsigned chaos_loss_ = 0;
+  int crashes_ = 0;
+  int partitions_ = 0;
+  bool shared_guid_ = false;
+  bool shared_qpns_ = false;
+  std::uint32_t first_qpn_ = 0;
+  ib::IbCmTiming timing_;
+  Phase phase_ = Phase::chaos;
+  Time now_ = Time{} + 1s;
+  std::uint64_t seq_ = 0;
+  std::vector<RoceEvent> queue_;  // a binary heap ordered by RoceLater
+  std::vector<RoceNode> nodes_;
+  SimResult result_;
+};
+
+}  // namespace
+
+SimResult run_roce_simulation(std::uint64_t seed, const SimConfig& config) {
+  RoceWorld world(seed, config);
+  return world.run();
+}
+
+}  // namespace peercm::sim
