@@ -14,6 +14,9 @@ packages=(
   libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   tshark wireshark-common iproute2
   libpmix-dev openmpi-bin
+  # the drop-in tests (tests/dropin): Debian's own RDMA programs, and rdma-core's headers that
+  # the ABI layout test compiles against
+  rdmacm-utils ibverbs-utils perftest libibverbs-dev librdmacm-dev
 )
 
 apt_ensure --tag setup "${packages[@]}"
