@@ -20,6 +20,9 @@ int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned i
 
 /* Reads dir/file into buf (NUL-terminated, a trailing newline dropped): the length read, or
  * -1 with errno. peercm's device has no sysfs directory, so its paths are empty. */
+/* "/sys": peercm's devices have no directory under it. */
+const char *ibv_get_sysfs_path(void);
+
 int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
 
 #ifdef __cplusplus

@@ -1810,6 +1810,82 @@ struct ibv_counters {
 	struct ibv_context *context;
 };
 
+struct ibv_counter_attach_attr;
+struct ibv_flow_action;
+struct ibv_flow_action_esp_attr;
+struct ibv_qp_rate_limit_attr;
+struct ibv_ops_wr;
+struct ibv_values_ex;
+struct verbs_ex_private;
+
+/* Every context peercm opens is the `context` member of one of these, and its abi_compat is
+ * VERBS_ABI_IS_EXTENDED: code compiled against rdma-core's headers reaches the extended verbs
+ * (ibv_query_port, ibv_create_cq_ex, ibv_create_qp_ex, ibv_query_device_ex, ...) through this
+ * table, so its layout is rdma-core's to the byte. Entries for what peercm lacks are NULL,
+ * which rdma-core's callers answer with EOPNOTSUPP. `sz` is the table's size in bytes. */
+struct verbs_context {
+	int (*query_port)(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *port_attr,
+			  size_t port_attr_len);
+	int (*advise_mr)(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+			 struct ibv_sge *sg_list, uint32_t num_sges);
+	struct ibv_mr *(*alloc_null_mr)(struct ibv_pd *pd);
+	int (*read_counters)(struct ibv_counters *counters, uint64_t *counters_value, uint32_t ncounters,
+			     uint32_t flags);
+	int (*attach_counters_point_flow)(struct ibv_counters *counters, struct ibv_counter_attach_attr *attr,
+					  struct ibv_flow *flow);
+	struct ibv_counters *(*create_counters)(struct ibv_context *context,
+						struct ibv_counters_init_attr *init_attr);
+	int (*destroy_counters)(struct ibv_counters *counters);
+	struct ibv_mr *(*reg_dm_mr)(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t dm_offset, size_t length,
+				    unsigned int access);
+	struct ibv_dm *(*alloc_dm)(struct ibv_context *context, struct ibv_alloc_dm_attr *attr);
+	int (*free_dm)(struct ibv_dm *dm);
+	int (*modify_flow_action_esp)(struct ibv_flow_action *action, struct ibv_flow_action_esp_attr *attr);
+	int (*destroy_flow_action)(struct ibv_flow_action *action);
+	struct ibv_flow_action *(*create_flow_action_esp)(struct ibv_context *context,
+							  struct ibv_flow_action_esp_attr *attr);
+	int (*modify_qp_rate_limit)(struct ibv_qp *qp, struct ibv_qp_rate_limit_attr *attr);
+	struct ibv_pd *(*alloc_parent_domain)(struct ibv_context *context, struct ibv_parent_domain_init_attr *attr);
+	int (*dealloc_td)(struct ibv_td *td);
+	struct ibv_td *(*alloc_td)(struct ibv_context *context, struct ibv_td_init_attr *init_attr);
+	int (*modify_cq)(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr);
+	int (*post_srq_ops)(struct ibv_srq *srq, struct ibv_ops_wr *op, struct ibv_ops_wr **bad_op);
+	int (*destroy_rwq_ind_table)(struct ibv_rwq_ind_table *rwq_ind_table);
+	struct ibv_rwq_ind_table *(*create_rwq_ind_table)(struct ibv_context *context,
+							  struct ibv_rwq_ind_table_init_attr *init_attr);
+	int (*destroy_wq)(struct ibv_wq *wq);
+	int (*modify_wq)(struct ibv_wq *wq, struct ibv_wq_attr *wq_attr);
+	struct ibv_wq *(*create_wq)(struct ibv_context *context, struct ibv_wq_init_attr *wq_init_attr);
+	int (*query_rt_values)(struct ibv_context *context, struct ibv_values_ex *values);
+	struct ibv_cq_ex *(*create_cq_ex)(struct ibv_context *context, struct ibv_cq_init_attr_ex *init_attr);
+	struct verbs_ex_private *priv;
+	int (*query_device_ex)(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
+			       struct ibv_device_attr_ex *attr, size_t attr_size);
+	int (*ibv_destroy_flow)(struct ibv_flow *flow);
+	void (*ABI_placeholder2)(void);
+	struct ibv_flow *(*ibv_create_flow)(struct ibv_qp *qp, struct ibv_flow_attr *flow_attr);
+	void (*ABI_placeholder1)(void);
+	struct ibv_qp *(*open_qp)(struct ibv_context *context, struct ibv_qp_open_attr *attr);
+	struct ibv_qp *(*create_qp_ex)(struct ibv_context *context, struct ibv_qp_init_attr_ex *qp_init_attr_ex);
+	int (*get_srq_num)(struct ibv_srq *srq, uint32_t *srq_num);
+	struct ibv_srq *(*create_srq_ex)(struct ibv_context *context, struct ibv_srq_init_attr_ex *srq_init_attr_ex);
+	struct ibv_xrcd *(*open_xrcd)(struct ibv_context *context, struct ibv_xrcd_init_attr *xrcd_init_attr);
+	int (*close_xrcd)(struct ibv_xrcd *xrcd);
+	uint64_t _ABI_placeholder3;
+	size_t sz;
+	struct ibv_context context; /* last, so that the table grows away from it */
+};
+
+/* The value of ibv_context.abi_compat that says the context is inside a verbs_context. */
+#define VERBS_ABI_IS_EXTENDED ((void *)(uintptr_t)UINT32_MAX)
+
+static inline struct verbs_context *verbs_get_ctx(struct ibv_context *ctx)
+{
+	if (ctx->abi_compat != VERBS_ABI_IS_EXTENDED)
+		return NULL;
+	return (struct verbs_context *)(void *)((uint8_t *)ctx - offsetof(struct verbs_context, context));
+}
+
 /* A buffer of ibv_alloc_buf: page-aligned ordinary memory (no CC-DMA bounce buffers). */
 struct ibv_buf;
 
@@ -1827,12 +1903,26 @@ int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __b
 int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event);
 void ibv_ack_async_event(struct ibv_async_event *event);
 int ibv_fork_init(void);
+enum ibv_fork_status {
+	IBV_FORK_DISABLED,
+	IBV_FORK_ENABLED,
+	IBV_FORK_UNNEEDED,
+};
+/* IBV_FORK_UNNEEDED: registered memory is ordinary memory a fork() child does not disturb. */
+enum ibv_fork_status ibv_is_fork_initialized(void);
 
 /* --- protection domains and memory --- */
 struct ibv_pd *ibv_alloc_pd(struct ibv_context *context);
 int ibv_dealloc_pd(struct ibv_pd *pd);
 struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access);
 int ibv_dereg_mr(struct ibv_mr *mr);
+/* An MR whose iova is its address (peercm has no zero-based or offset MRs: EOPNOTSUPP);
+ * optional access bits (IBV_ACCESS_OPTIONAL_RANGE) are ignored. */
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access);
+struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access);
+/* dma-buf MRs: NULL with errno EOPNOTSUPP. */
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+				 int access);
 
 /* --- completion channels and queues --- */
 struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context);

@@ -154,7 +154,8 @@ ibv_context* open_context(Transport transport) {
   shell->state = new ContextState{};
   shell->state->cpp = std::move(*cpp);
   shell->state->transport = transport;
-  ibv_context& pub = shell->pub;
+  ibv_context& pub = shell->ext.context;
+  fill_extended_ops(shell->ext);
   pub.device = &g_devices[index_of(transport)];
   pub.cmd_fd = -1;
   pub.async_fd = async_fd;
@@ -179,7 +180,7 @@ void release(ibv_context* context) {
   ::close(context->async_fd);
   pthread_mutex_destroy(&context->mutex);
   delete state;
-  delete reinterpret_cast<ContextShell*>(context);
+  delete shell_of(context);
 }
 
 Context& cpp_context(ibv_context* context) { return *state_of<ContextState>(context)->cpp; }

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdint>
@@ -88,9 +89,27 @@ struct ContextState {
   std::atomic<int> listeners{0};  // listening rdma_cm ids: the node accepts p2p connections
   ibv_pd* default_pd = nullptr;   // rdma_cm's per-device PD (ids given no PD); guarded by the CM lock
 };
-using ContextShell = Shell<ibv_context, ContextState>;
+// A context is the `context` member of a verbs_context, whose table of extended verbs code
+// built against rdma-core's headers calls through (the drop-in libibverbs, docs/drop-in.md);
+// the state follows the table.
+struct ContextShell {
+  verbs_context ext;
+  ContextState* state;
+};
+inline ContextShell* shell_of(ibv_context* pub) {
+  static_assert(std::is_standard_layout_v<ContextShell>);
+  static_assert(offsetof(verbs_context, context) + sizeof(ibv_context) == sizeof(verbs_context));
+  auto* bytes = reinterpret_cast<unsigned char*>(pub) - offsetof(verbs_context, context);
+  return reinterpret_cast<ContextShell*>(bytes);
+}
+template <>
+inline ContextState* state_of<ContextState, ibv_context>(ibv_context* pub) {
+  return shell_of(pub)->state;
+}
 
 ibv_context* open_context(Transport transport);
+// rdma_core_abi.cpp: the table of extended verbs and the marker that says it is there.
+void fill_extended_ops(verbs_context& ext);
 Transport transport_of(ibv_context* context);
 void retain(ibv_context* context);
 void release(ibv_context* context);
