@@ -4,6 +4,10 @@
 #   ofi-iwarp     Open MPI's cm PML with the ofi MTL on libfabric's verbs;ofi_rxm, under
 #                 `peercm exec --transport iwarp`: every rank's messages cross peercm_iw0
 #                 (each rank must report the ofi MTL on domain peercm_iw0)
+#   ucx-roce      Open MPI's ucx PML with UCX_TLS=rc on peercm_roce0, under
+#                 `peercm exec --transport roce`; each rank's RoCE GID 0 is a 127/8 address
+#                 of its own. Skipped (77) without /dev/infiniband/peercm_roce0, which UCX
+#                 needs to list the device (run_ucx.sh, docs/drop-in-middleware.md).
 # usage: run_mpi.sh ROUTE PROGRAM [PEERCM_TOOL]
 # Each mpirun is bounded by `timeout`; the program's summary line must say mismatches=0,
 # and a run with --corrupt must fail with mismatches=1 (the check can fail).
@@ -23,6 +27,12 @@ case $route in
     launch=("$peercm" exec --transport iwarp -- mpirun "${common[@]}" --mca pml cm --mca mtl ofi
             --mca mtl_ofi_provider_include "verbs;ofi_rxm" -x FI_PROVIDER="verbs;ofi_rxm"
             --mca mtl_base_verbose 1)
+    ;;
+  ucx-roce)
+    [[ -c /dev/infiniband/peercm_roce0 ]] ||
+      { echo "SKIP: /dev/infiniband/peercm_roce0 is not a character device"; exit 77; }
+    export UCX_TLS=rc UCX_NET_DEVICES=peercm_roce0:1 UCX_UD_VERBS_ETH_DGID_CHECK=n
+    launch=("$peercm" exec --transport roce -- mpirun "${common[@]}" --mca pml ucx --mca btl self)
     ;;
   *) echo "run_mpi.sh: unknown route $route" >&2; exit 2 ;;
 esac
