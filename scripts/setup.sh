@@ -14,6 +14,9 @@ packages=(
   libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   tshark wireshark-common iproute2
   libpmix-dev openmpi-bin
+  # the drop-in tests (tests/dropin): Debian's own RDMA programs, and rdma-core's headers that
+  # the ABI layout test compiles against
+  rdmacm-utils ibverbs-utils perftest libibverbs-dev librdmacm-dev
   # Middleware run unmodified over the drop-in libibverbs/librdmacm (tests/dropin_mw):
   # fi_info/fi_pingpong, ucx_info/ucx_perftest, and mpicc for the project's MPI program.
   libfabric-bin ucx-utils libopenmpi-dev

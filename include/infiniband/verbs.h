@@ -1877,7 +1877,7 @@ struct verbs_context {
 };
 
 /* The value of ibv_context.abi_compat that says the context is inside a verbs_context. */
-#define VERBS_ABI_IS_EXTENDED ((void *)(uintptr_t)UINT32_MAX)
+#define VERBS_ABI_IS_EXTENDED ((void *)UINTPTR_MAX)
 
 static inline struct verbs_context *verbs_get_ctx(struct ibv_context *ctx)
 {

@@ -14,5 +14,8 @@ void add_ping(CLI::App& app);
 void add_perf(CLI::App& app);
 void add_mesh(CLI::App& app);
 void add_cmtime(CLI::App& app);
+void add_exec(CLI::App& app);
+// `peercm exec`'s own parser (exec.cpp): argv after "exec".
+int exec_main(int argc, char** argv);
 
 }  // namespace peercm::tool
