@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by the tests/dropin_mw scripts (sourced). Every program runs under `timeout`.
 #   need_ipv4_interface   exits 77 (ctest: skipped) when the host has no non-loopback IPv4
 #                         interface that is up: libfabric's verbs provider offers FI_EP_MSG

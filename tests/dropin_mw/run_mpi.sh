@@ -17,7 +17,7 @@ ranks=4
 common=(--allow-run-as-root --oversubscribe -np "$ranks"
         --mca oob_tcp_if_include lo --mca btl_tcp_if_include lo)
 case $route in
-  tcp) launch=(mpirun "${common[@]}" --mca pml ob1 --mca btl tcp,self) ;;
+  tcp) launch=(mpirun "${common[@]}" --mca pml ob1 --mca btl "tcp,self") ;;
   ofi-iwarp)
     # shellcheck source=tests/dropin_mw/lib.sh
     source "$(dirname "$0")/lib.sh"
