@@ -256,6 +256,13 @@ rdma_cm_id* id_of(CmId* cpp);
 int sync_complete(rdma_cm_id* id);
 void fill_route(rdma_cm_id* id);
 
+// verbs_api.cpp, for ibv_poll_cq and the extended CQ's poll: counts a poll that found the
+// CQ empty (and resets the count on one that did not). Programs busy-poll their CQs, and with
+// progress threads every completion is made by one: each 64th empty poll in a row yields the
+// CPU to it, as peercm's own tools do, so that a poller spinning on a small or busy machine
+// does not keep it from running.
+void note_poll(ibv_cq* cq, bool found);
+
 // verbs_api.cpp, for rdma_create_qp and rdma_destroy_id.
 void detach_from_id(ibv_qp* qp);
 // verbs_api.cpp, for the extended CQ's poll (verbs_ex.cpp).

@@ -361,8 +361,11 @@ void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
   }
 }
 
-int ibv_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
-  if (!cq || num_entries < 0 || (num_entries > 0 && !wc)) return -EINVAL;
+namespace peercm::capi {
+namespace {
+
+// ibv_poll_cq's work: up to num_entries completions into wc.
+int poll_into(ibv_cq* cq, int num_entries, ibv_wc* wc) {
   CompletionQueue& cpp = *state_of<CqState>(cq)->cpp;
   WorkCompletion batch[32];
   int done = 0;
@@ -374,6 +377,28 @@ int ibv_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
   }
   return done;
 }
+
+}  // namespace
+
+void note_poll(ibv_cq* cq, bool found) {
+  thread_local unsigned empty_in_a_row = 0;
+  if (found) {
+    empty_in_a_row = 0;
+    return;
+  }
+  if (++empty_in_a_row % 64 == 0 && cpp_context(cq->context).progress_mode() == ProgressMode::thread)
+    std::this_thread::yield();
+}
+
+}  // namespace peercm::capi
+
+int ibv_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
+  if (!cq || num_entries < 0 || (num_entries > 0 && !wc)) return -EINVAL;
+  const int done = poll_into(cq, num_entries, wc);
+  if (num_entries > 0) note_poll(cq, done > 0);
+  return done;
+}
+
 
 int ibv_req_notify_cq(ibv_cq* cq, int solicited_only) {
   if (!cq) return EINVAL;

@@ -47,7 +47,9 @@ const WorkCompletion& current(ibv_cq_ex* cq) { return cq_shell(cq)->state->curre
 // Takes the next completion into `current`; ENOENT when there is none.
 int poll_one(ibv_cq_ex* cq) {
   CqState& state = *cq_shell(cq)->state;
-  if (state.cpp->poll(std::span(&state.current, 1)) == 0) return ENOENT;
+  const bool found = state.cpp->poll(std::span(&state.current, 1)) == 1;
+  note_poll(ibv_cq_ex_to_cq(cq), found);
+  if (!found) return ENOENT;
   const ibv_wc converted = to_ibv_wc(state.current);
   cq->status = converted.status;
   cq->wr_id = converted.wr_id;
