@@ -137,7 +137,7 @@ perftest() {  # PROGRAM MODE(R|noR)
       ((lost_race)) || break
       echo "$case -s $size: attempt $attempt lost perftest's connect/listen race (REJECTED -111)"
       [[ -n $head_start ]] || fail "lost perftest's race and no head-start library was given"
-      preload=(env "LD_PRELOAD=$head_start")
+      preload=(env "LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}$head_start")
     done
     ((lost_race)) && fail "perftest's client lost the connect/listen race 3 times"
     check_perftest_table "$size" "$iterations"
