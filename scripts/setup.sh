@@ -17,6 +17,9 @@ packages=(
   # the drop-in tests (tests/dropin): Debian's own RDMA programs, and rdma-core's headers that
   # the ABI layout test compiles against
   rdmacm-utils ibverbs-utils perftest libibverbs-dev librdmacm-dev
+  # Middleware run unmodified over the drop-in libibverbs/librdmacm (tests/dropin_mw):
+  # fi_info/fi_pingpong, ucx_info/ucx_perftest, and mpicc for the project's MPI program.
+  libfabric-bin ucx-utils libopenmpi-dev
 )
 
 apt_ensure --tag setup "${packages[@]}"

@@ -1,10 +1,13 @@
 // rdma_getaddrinfo: names and services to the addresses rdma_create_ep() takes. One result,
 // IPv4, for a connected (RC) endpoint, or a UD one in rdma_cm's UDP port space (RDMA_PS_UDP or
-// IBV_QPT_UD in the hints); errors are getaddrinfo's EAI_* codes.
+// IBV_QPT_UD in the hints); errors are getaddrinfo's EAI_* codes, and -1 with errno EINVAL
+// for no name, no service and no hints (librdmacm's).
 #include <netdb.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "capi/handles.hpp"
 
@@ -14,6 +17,42 @@ sockaddr* copy_address(const sockaddr* address, socklen_t length) {
   auto* copy = static_cast<sockaddr*>(std::malloc(length));
   if (copy) std::memcpy(copy, address, length);
   return copy;
+}
+
+// rdma_getaddrinfo(NULL, NULL, hints): a result holding the hints' destination (if any) and
+// source (if any) addresses, which must be IPv4 like every address here.
+int addresses_of_hints(const rdma_addrinfo* hints, bool datagram, rdma_addrinfo** res) {
+  if (!hints) {
+    errno = EINVAL;
+    return -1;
+  }
+  for (const auto& [address, length] : {std::pair{hints->ai_dst_addr, hints->ai_dst_len},
+                                        std::pair{hints->ai_src_addr, hints->ai_src_len}}) {
+    if (length && (!address || address->sa_family != AF_INET || length < sizeof(sockaddr_in))) return EAI_FAMILY;
+  }
+  auto* rai = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
+  if (!rai) return EAI_MEMORY;
+  rai->ai_flags = hints->ai_flags;
+  rai->ai_family = AF_INET;
+  rai->ai_qp_type = datagram ? IBV_QPT_UD : IBV_QPT_RC;
+  rai->ai_port_space = datagram ? RDMA_PS_UDP : RDMA_PS_TCP;
+  bool ok = true;
+  if (hints->ai_dst_len) {
+    rai->ai_dst_addr = copy_address(hints->ai_dst_addr, hints->ai_dst_len);
+    rai->ai_dst_len = hints->ai_dst_len;
+    ok = rai->ai_dst_addr != nullptr;
+  }
+  if (ok && hints->ai_src_len) {
+    rai->ai_src_addr = copy_address(hints->ai_src_addr, hints->ai_src_len);
+    rai->ai_src_len = hints->ai_src_len;
+    ok = rai->ai_src_addr != nullptr;
+  }
+  if (!ok) {
+    rdma_freeaddrinfo(rai);
+    return EAI_MEMORY;
+  }
+  *res = rai;
+  return 0;
 }
 
 }  // namespace
@@ -35,6 +74,9 @@ int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo*
                      (hints->ai_port_space != 0 && hints->ai_port_space != RDMA_PS_UDP)))
       return EAI_SOCKTYPE;
   }
+  // No name and no service: the addresses are the hints' own, as in librdmacm (libfabric's
+  // verbs provider asks this way for an endpoint towards an address it already has).
+  if (!node && !service) return addresses_of_hints(hints, datagram, res);
   addrinfo ip_hints{};
   ip_hints.ai_family = AF_INET;
   ip_hints.ai_socktype = SOCK_STREAM;

@@ -6,7 +6,9 @@
 // there is one implementation of every verb; this file only adapts calling conventions.
 // The drop-in libibverbs.so.1 exports these under rdma-core's symbol versions (dropin/).
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "capi/handles.hpp"
@@ -122,5 +124,16 @@ ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
 int ibv_dontfork_range(void*, size_t) { return 0; }
 int ibv_dofork_range(void*, size_t) { return 0; }
 
-// The devices have no sysfs directories; callers that build paths under this find nothing.
-const char* ibv_get_sysfs_path(void) { return "/sys"; }
+// The devices have no sysfs directories of the kernel's. As in rdma-core, $SYSFS_PATH (read
+// once, ignored in setuid programs, trailing slashes dropped) replaces /sys: Open MPI's openib
+// BTL takes <path>/class/infiniband being a directory as the sign that verbs devices exist,
+// so a tree holding that directory lets it see peercm's devices (docs/drop-in.md).
+const char* ibv_get_sysfs_path(void) {
+  static const std::string path = [] {
+    const char* env = secure_getenv("SYSFS_PATH");
+    std::string chosen = env && *env ? env : "/sys";
+    while (chosen.size() > 1 && chosen.back() == '/') chosen.pop_back();
+    return chosen;
+  }();
+  return path.c_str();
+}

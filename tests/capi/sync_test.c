@@ -27,6 +27,41 @@ static struct rdma_addrinfo *resolve(const char *node, const char *service, int 
 	return res;
 }
 
+/* rdma_getaddrinfo(NULL, NULL, hints) gives back the hints' own addresses, as librdmacm does
+ * (libfabric's verbs provider resolves a peer's address this way); with no hints either it is
+ * EINVAL. Returns a result naming the same destination as `named`, which it frees. */
+static struct rdma_addrinfo *resolve_from_hints(struct rdma_addrinfo *named)
+{
+	struct rdma_addrinfo hints, *res;
+	struct sockaddr_in source;
+
+	errno = 0;
+	CHECK_EQ(rdma_getaddrinfo(NULL, NULL, NULL, &res), -1);
+	CHECK_EQ(errno, EINVAL);
+
+	memset(&source, 0, sizeof source);
+	source.sin_family = AF_INET;
+	source.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	memset(&hints, 0, sizeof hints);
+	hints.ai_family = AF_INET;
+	hints.ai_qp_type = IBV_QPT_RC;
+	hints.ai_port_space = RDMA_PS_TCP;
+	hints.ai_dst_addr = named->ai_dst_addr;
+	hints.ai_dst_len = named->ai_dst_len;
+	hints.ai_src_addr = (struct sockaddr *)&source;
+	hints.ai_src_len = sizeof source;
+	CHECK_EQ(rdma_getaddrinfo(NULL, NULL, &hints, &res), 0);
+	CHECK_EQ(res->ai_family, AF_INET);
+	CHECK_EQ(res->ai_qp_type, IBV_QPT_RC);
+	CHECK_EQ(res->ai_port_space, RDMA_PS_TCP);
+	CHECK_EQ(res->ai_dst_len, named->ai_dst_len);
+	CHECK(memcmp(res->ai_dst_addr, named->ai_dst_addr, named->ai_dst_len) == 0);
+	CHECK_EQ(res->ai_src_len, (socklen_t)sizeof source);
+	CHECK(memcmp(res->ai_src_addr, &source, sizeof source) == 0);
+	rdma_freeaddrinfo(named);
+	return res;
+}
+
 static struct ibv_qp_init_attr qp_template(void)
 {
 	struct ibv_qp_init_attr attr;
@@ -165,7 +200,7 @@ int main(void)
 	struct ibv_wc wc;
 
 	snprintf(service, sizeof service, "%u", port);
-	res = resolve("127.0.0.1", service, 0);
+	res = resolve_from_hints(resolve("127.0.0.1", service, 0));
 	CHECK(rdma_create_ep(&id, res, NULL, &attr) == 0);
 	CHECK(attr.cap.max_inline_data >= 16); /* rdma_client reads it back from here */
 	CHECK(id->qp != NULL && id->pd != NULL);
