@@ -192,7 +192,8 @@ RcDataResult check_rc_data(Rng& rng, Network& network, const RcEnd& a, const RcE
       const InFlight item = wire.top();
       wire.pop();
       End& to = *ends[static_cast<std::size_t>(item.to)];
-      to.qp.handle_datagram(item.bytes, port_of(ends[static_cast<std::size_t>(1 - item.to)]->node), now);
+      const int from = ends[static_cast<std::size_t>(1 - item.to)]->node;
+      to.qp.handle_datagram(item.bytes, ip_of(from), port_of(from), now);
     }
     for (const auto& end : ends) {
       if (auto d = end->qp.next_deadline(); d && *d <= now) end->qp.handle_timeout(now);
