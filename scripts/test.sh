@@ -8,7 +8,11 @@ jobs=$(nproc)
 for preset in release asan; do
   echo "=== preset ${preset}"
   bash scripts/build.sh "$preset"
-  ctest --preset "$preset" -j "$jobs"
+  # Debian's own RDMA programs on the drop-in libraries (label dropin, tests/dropin) run in
+  # the release build; under ASan the same C API is the capi tests'.
+  exclude=()
+  [[ $preset == asan ]] && exclude=(-LE '^dropin$')
+  ctest --preset "$preset" -j "$jobs" "${exclude[@]}"
 done
 echo "=== preset tsan (multi-threaded suites)"
 bash scripts/build.sh tsan
