@@ -387,7 +387,7 @@ int main(int argc, char** argv) {
   for (const Row row : {Row{256, ScaleConfig::Pattern::both, 0}, Row{256, ScaleConfig::Pattern::one, 0},
                         Row{512, ScaleConfig::Pattern::both, 0}, Row{1024, ScaleConfig::Pattern::both, 0},
                         Row{1024, ScaleConfig::Pattern::one, 0}, Row{4096, ScaleConfig::Pattern::ring, 16},
-                        Row{4096, ScaleConfig::Pattern::ring, 64}, Row{4096, ScaleConfig::Pattern::ring, 128}}) {
+                        Row{4096, ScaleConfig::Pattern::ring, 64}}) {
     ScaleConfig c = config;
     c.nodes = row.nodes;
     c.pattern = row.pattern;
