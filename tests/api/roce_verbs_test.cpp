@@ -181,7 +181,9 @@ TEST(RoceVerbs, RcWriteFromAnotherAddressIsDroppedThoughEverythingElseIsRight) {
   EXPECT_EQ(roce::rc_stats(*qp_b).dropped_bad_icrc, 0u);
 
   send_crafted_write(address_a, address_a, address_b, qp_b->qp_num(), 0x111, address, mr_b->rkey(), payload);
-  ASSERT_TRUE(wait_for([&] { return target[255] == 0xEE; }));
+  // Read the bytes only after rc_stats() (which takes the context lock) saw the datagram
+  // handled: the placement happened under that lock.
+  ASSERT_TRUE(wait_for([&] { return roce::rc_stats(*qp_b).datagrams_received >= 2; }));
   EXPECT_TRUE(std::all_of(target.begin(), target.begin() + 256, [](std::uint8_t v) { return v == 0xEE; }));
   EXPECT_EQ(roce::rc_stats(*qp_b).dropped_foreign_source, 1u);
 }
