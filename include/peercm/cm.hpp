@@ -138,6 +138,9 @@ struct CmStats {
   // Times an iWARP listener found the process out of descriptors (or the kernel out of
   // memory) at accept() and paused (docs/reliability.md, "Descriptor exhaustion").
   std::uint64_t accept_pauses = 0;
+  // Requests a listener had no room for (docs/p2p.md, B1): iWARP streams closed at once, RoCE
+  // REQs answered with REJ 28 (also counted in rejects_sent as application rejects).
+  std::uint64_t backlog_refused = 0;
 };
 
 // A communication identifier (rdma_cm_id).

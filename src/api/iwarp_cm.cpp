@@ -284,6 +284,7 @@ void IwarpCm::add_stats(CmStats& stats) {
   stats.rejects_received[static_cast<int>(RejectReason::application)] += s.rejects_received_application;
   stats.rejects_received[static_cast<int>(RejectReason::refused)] += s.rejects_received_refused;
   stats.accept_pauses += accept_pauses_;
+  stats.backlog_refused += s.backlog_refused;
 }
 
 // --- the sockets ---

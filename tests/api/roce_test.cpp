@@ -386,6 +386,90 @@ TEST(Roce, BacklogBoundsUndecidedRequests) {
   second.new_id.reset();
 }
 
+// A RoCE id of `side` from `source` (0: the device picks) to `to`, resolved, with its QP.
+std::unique_ptr<CmId> roce_routed(Side& side, const sockaddr_in& to, std::uint32_t source,
+                                  std::initializer_list<std::pair<CmOption, std::int64_t>> options) {
+  auto id = roce_id(side);
+  for (const auto& [option, value] : options) EXPECT_TRUE(id->set_option(option, value));
+  if (source != 0) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(source);
+    EXPECT_TRUE(id->bind(from));
+  }
+  EXPECT_TRUE(id->resolve_addr(to));
+  expect_event(*side.channel, CmEventType::addr_resolved);
+  EXPECT_TRUE(id->resolve_route());
+  expect_event(*side.channel, CmEventType::route_resolved);
+  id->create_qp(*side.pd, side.qp_attr()).value();
+  return id;
+}
+
+// The next event of `channel` about `id`, others skipped.
+CmEvent event_of(EventChannel& channel, const CmId* id) {
+  for (auto e = channel.get_event(5s); e; e = channel.get_event(5s))
+    if (e->id == id) return std::move(*e);
+  ADD_FAILURE() << "no event for the id";
+  return {};
+}
+
+// B1 (docs/p2p.md): a p2p REQ holds its place in the backlog like a client/server one, and
+// beyond the backlog gets REJ 28. Before, p2p REQs were never counted: 20,000 of them cost the
+// server 35 MiB and got no answer.
+TEST(Roce, P2pRequestsCountInTheBacklog) {
+  Side server;
+  auto listener = roce_id(server);
+  const sockaddr_in address = random_loopback(7502);
+  ASSERT_TRUE(listener->bind(address));
+  ASSERT_TRUE(listener->listen(2));
+  Side client;
+  std::vector<std::unique_ptr<CmId>> ids, undecided;
+  for (int tag = 1; tag <= 3; ++tag) {
+    ids.push_back(roce_routed(client, address, 0, {{CmOption::peer_to_peer, 1}, {CmOption::p2p_tag, tag}}));
+    ASSERT_TRUE(ids.back()->connect({}));
+    if (tag <= 2) {
+      auto request = expect_event(*server.channel, CmEventType::connect_request);
+      ASSERT_TRUE(request.new_id);
+      EXPECT_TRUE(request.new_id->option(CmOption::peer_to_peer));
+      undecided.push_back(std::move(request.new_id));
+    }
+  }
+  const CmEvent third = event_of(*client.channel, ids[2].get());
+  EXPECT_EQ(third.type, CmEventType::rejected) << to_string(third.type);
+  EXPECT_EQ(third.reject_reason, RejectReason::application);
+  EXPECT_EQ(cm_stats(*server.context).backlog_refused, 1u);
+  EXPECT_FALSE(server.channel->get_event(100ms)) << "a p2p request got past a full backlog";
+}
+
+// B1: one source address holds at most the backlog less a quarter; a request from another
+// address still finds room.
+TEST(Roce, OneSourceHoldsAtMostItsShareOfTheBacklog) {
+  Side server;
+  auto listener = roce_id(server);
+  const sockaddr_in address = random_loopback(7503);
+  ASSERT_TRUE(listener->bind(address));
+  ASSERT_TRUE(listener->listen(4));
+  Side flooder, other;
+  const std::uint32_t flood_source = ntohl(random_loopback(0).sin_addr.s_addr);
+  std::vector<std::unique_ptr<CmId>> ids;
+  std::vector<CmEvent> requests;
+  for (int i = 0; i < 4; ++i) {
+    ids.push_back(roce_routed(flooder, address, flood_source, {{CmOption::peer_to_peer, 0}}));
+    ASSERT_TRUE(ids.back()->connect({}));
+    if (i < 3) requests.push_back(expect_event(*server.channel, CmEventType::connect_request));
+  }
+  const CmEvent fourth = event_of(*flooder.channel, ids[3].get());
+  EXPECT_EQ(fourth.type, CmEventType::rejected) << to_string(fourth.type);
+  auto legitimate = roce_routed(other, address, ntohl(random_loopback(0).sin_addr.s_addr), {{CmOption::peer_to_peer, 0}});
+  ASSERT_TRUE(legitimate->connect({}));
+  auto request = expect_event(*server.channel, CmEventType::connect_request);
+  ASSERT_TRUE(request.new_id);
+  server.qp = request.new_id->create_qp(*server.pd, server.qp_attr()).value();
+  ASSERT_TRUE(request.new_id->accept({}));
+  expect_event(*other.channel, CmEventType::established);
+  EXPECT_EQ(cm_stats(*server.context).backlog_refused, 1u);
+}
+
 // CmOption::connect_timeout bounds a p2p attempt over RoCE too (docs/p2p.md R8): nobody
 // answers the REQ, and CONNECT_ERROR comes at the id's deadline, long before the agent's
 // 10 s default or the end of the CM's REQ retries.

@@ -297,6 +297,100 @@ TEST(IwarpCmAgent, UndecidedClientServerRequestsCountInTheBacklogUntilAccepted) 
   EXPECT_EQ(wire.nodes[client].count(EventKind::connect_error, *second), 1u);
 }
 
+// B1: the CM header must not buy a request room. A delivered p2p request the application has
+// not decided holds its place like a client/server one (before, it left the count as soon as it
+// was parsed, and a flood of them grew without bound).
+TEST(IwarpCmAgent, UndecidedP2pRequestsCountInTheBacklogUntilAccepted) {
+  Wire wire;
+  const auto server = wire.add(1, 0x0A000001, 7001, /*backlog=*/1);
+  const auto first_peer = wire.add(2, 0x0A000002, 7002);
+  const auto second_peer = wire.add(3, 0x0A000003, 7003);
+  auto first = wire.nodes[first_peer].agent->connect(wire.to(server, true, 1), wire.now);
+  ASSERT_TRUE(first);
+  wire.run();
+  ASSERT_EQ(wire.nodes[server].count(EventKind::connect_request), 1u);
+  EXPECT_EQ(wire.nodes[server].agent->backlog_of(wire.nodes[server].listener).pending, 1u);
+  auto second = wire.nodes[second_peer].agent->connect(wire.to(server, true, 1), wire.now);
+  ASSERT_TRUE(second);
+  wire.run();
+  EXPECT_EQ(wire.nodes[server].count(EventKind::connect_request), 1u) << "a p2p request got past a full backlog";
+  EXPECT_EQ(wire.nodes[server].agent->stats().backlog_refused, 1u);
+  EXPECT_EQ(wire.nodes[second_peer].count(EventKind::connect_error, *second), 1u);
+  // Accepting the first makes room: the second peer's retry is delivered.
+  const std::optional<IwarpCmEvent> request = wire.nodes[server].first(EventKind::connect_request);
+  ASSERT_TRUE(request);
+  ASSERT_TRUE(wire.nodes[server].agent->accept(request->id, {.number = 9}, wire.now));
+  wire.run();
+  EXPECT_EQ(wire.nodes[first_peer].count(EventKind::established, *first), 1u);
+  EXPECT_EQ(wire.nodes[server].agent->backlog_of(wire.nodes[server].listener).pending, 0u);
+  auto retry = wire.nodes[second_peer].agent->connect(wire.to(server, true, 2), wire.now);
+  ASSERT_TRUE(retry);
+  wire.run();
+  EXPECT_EQ(wire.nodes[server].count(EventKind::connect_request), 2u);
+}
+
+// B1: a request bound to the application's own attempt (R3, passive peer) is held by the
+// application: it leaves the backlog, and a full backlog never stops a collision resolving.
+TEST(IwarpCmAgent, ACollisionResolvesThroughAFullBacklog) {
+  Wire wire;
+  const auto low = wire.add(1, 0x0A000001, 7001, /*backlog=*/1);
+  const auto high = wire.add(2, 0x0A000002, 7002, /*backlog=*/1);
+  const auto filler = wire.add(3, 0x0A000003, 0);
+  // A client/server request the low node's application never decides fills its backlog.
+  ASSERT_TRUE(wire.nodes[filler].agent->connect(wire.to(low, false, 1), wire.now));
+  wire.run();
+  ASSERT_EQ(wire.nodes[low].agent->backlog_of(wire.nodes[low].listener).pending, 1u);
+  // Both connect to each other at once; the low node loses rule 3 and must take the high
+  // node's request on behalf of its attempt, but its backlog has no room for a new stream.
+  auto from_low = wire.nodes[low].agent->connect(wire.to(high, true, 1), wire.now);
+  auto from_high = wire.nodes[high].agent->connect(wire.to(low, true, 1), wire.now);
+  ASSERT_TRUE(from_low && from_high);
+  wire.run();
+  // The high node's stream was refused at the low node: its attempt ends, and the low node's
+  // own request (which the high node holds, then rejects with a CM collision, R3) is not the
+  // connection either. What must hold: at most one connection, and every attempt ends.
+  wire.advance_to(wire.now + 3s);
+  const std::size_t connections = wire.nodes[low].count(EventKind::established, *from_low) +
+                                  wire.nodes[high].count(EventKind::established, *from_high);
+  EXPECT_LE(connections, 1u);
+  EXPECT_EQ(wire.nodes[low].count(EventKind::established, *from_low) +
+                wire.nodes[low].count(EventKind::connect_error, *from_low) +
+                wire.nodes[low].count(EventKind::rejected, *from_low),
+            1u);
+  EXPECT_EQ(wire.nodes[high].count(EventKind::established, *from_high) +
+                wire.nodes[high].count(EventKind::connect_error, *from_high) +
+                wire.nodes[high].count(EventKind::rejected, *from_high),
+            1u);
+}
+
+// B1: one source holds at most its share (the backlog less a quarter); others still get in.
+TEST(IwarpCmAgent, OneSourceHoldsAtMostItsShareOfTheBacklog) {
+  IwarpCmAgent agent({.identity = {1, 2}});
+  const IwarpCmId listener = agent.listen({.port = 7001, .backlog = 4});
+  const Time now = kStart;
+  const Endpoint flooder{0x0A000002, 50000};
+  std::vector<StreamId> held;
+  for (int i = 0; i < 3; ++i) {
+    auto stream = agent.handle_stream_accepted(listener, flooder, now);
+    ASSERT_TRUE(stream);
+    // Each has started its Request: none is silent, none past the grace period.
+    agent.handle_bytes(*stream, std::vector<std::uint8_t>{'M'}, now);
+    held.push_back(*stream);
+  }
+  EXPECT_FALSE(agent.handle_stream_accepted(listener, flooder, now)) << "one source took the whole backlog";
+  EXPECT_EQ(agent.stats().backlog_refused, 1u);
+  // Another address finds the quarter kept for it.
+  EXPECT_TRUE(agent.handle_stream_accepted(listener, Endpoint{0x0A000003, 50000}, now));
+  EXPECT_EQ(agent.backlog_of(listener).pending, 4u);
+  // Past the grace period, the flooder's newcomer displaces only its own stalled handshake.
+  ASSERT_TRUE(agent.handle_stream_accepted(listener, flooder, now + 150ms));
+  auto action = agent.poll_action();
+  ASSERT_TRUE(action);
+  EXPECT_EQ(action->kind, ActionKind::close_stream);
+  EXPECT_EQ(action->stream, held.front());
+  EXPECT_EQ(agent.backlog_of(listener).pending, 4u);
+}
+
 // --- handshake timeout ---
 
 TEST(IwarpCmAgent, HandshakeWithoutAReplyEndsWithConnectErrorAtTheTimeout) {

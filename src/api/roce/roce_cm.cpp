@@ -44,9 +44,7 @@ void release_pending(CmIdImpl& id) {
   RoceIdState& state = st(id);
   if (!state.counted_in_backlog) return;
   state.counted_in_backlog = false;
-  if (auto l = state.listener.lock()) {
-    if (st(*l).pending > 0) --st(*l).pending;
-  }
+  if (auto l = state.listener.lock()) st(*l).backlog.release(state.peer_source);
 }
 
 RocePort* port_of(CmIdImpl& id) { return device_of(*id.ctx).find_port(st(id).address); }
@@ -105,13 +103,15 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
     (void)port.agent.reject(event.id, {}, now());
     return;
   }
-  // The backlog bounds the requests the application has not decided yet, as librdmacm's
-  // does for IB and RoCE (the kernel rejects the REQ beyond it). A p2p request is the
-  // resolver's to decide, not the backlog's (as over iWARP).
-  const bool counted = !event.peer_to_peer;
-  if (counted && st(*listener).pending >= static_cast<std::size_t>(st(*listener).backlog)) {
+  // B1: the backlog bounds the requests the application has not decided yet, client/server
+  // and p2p alike, in total and per source; beyond it the REQ gets REJ 28, as the kernel's does
+  // for librdmacm. (A p2p REQ that R3 holds or binds never gets here: it is bounded by our own
+  // attempts.)
+  const Ipv4 source = from_bytes(event.peer_address);
+  if (!st(*listener).backlog.admit(source)) {
     (void)port.agent.reject(event.id, {}, now());
     listener->ctx->stats.rejects_sent[static_cast<int>(RejectReason::application)]++;
+    listener->ctx->stats.backlog_refused++;
     return;
   }
   auto child_impl = std::make_shared<CmIdImpl>(listener->ctx, listener->channel, listener->user_context, *listener->cm,
@@ -122,10 +122,8 @@ void on_connect_request(RoceDevice& device, RocePort& port, IbCmAgentEvent& even
   child_impl->peer_to_peer = event.peer_to_peer;
   child_impl->tag = event.tag;
   st(*child_impl).listener = listener;
-  if (counted) {
-    ++st(*listener).pending;
-    st(*child_impl).counted_in_backlog = true;
-  }
+  st(*child_impl).counted_in_backlog = true;
+  st(*child_impl).peer_source = source;
   st(*child_impl).agent_id = event.id;
   st(*child_impl).address = port.address;
   child_impl->bound_address = socket_address(port.address, event.service_port);
@@ -153,7 +151,7 @@ RoceDevice& device_of(ContextImpl& ctx) {
 
 Status<std::errc> listen(CmIdImpl& id, int backlog) {
   RoceDevice& device = device_of(*id.ctx);
-  st(id).backlog = backlog;
+  st(id).backlog = core::ListenBacklog(static_cast<std::size_t>(std::max(backlog, 1)));
   // Unbound: INADDR_ANY and a free port, as over iWARP.
   const sockaddr_in bound = id.bound_address.value_or(sockaddr_in{.sin_family = AF_INET});
   const Ipv4 address = ntohl(bound.sin_addr.s_addr);
@@ -366,6 +364,7 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
     if (!unseen || unseen->state != CmIdImpl::State::request_received) return false;
     retracted = unseen->channel->retract_request(unseen->owner);
     if (!retracted) return false;  // the application has it: EALREADY stands
+    release_pending(*unseen);      // B1: the agent holds it now, under R3, bounded by our attempt
     end_agent_id(*unseen);
     unseen->state = CmIdImpl::State::idle;
     return true;

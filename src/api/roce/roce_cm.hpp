@@ -9,6 +9,7 @@
 #include <span>
 #include <system_error>
 
+#include "core/listen_backlog.hpp"
 #include "api/transport_cm.hpp"
 #include "core/ibcm/ibcm_agent.hpp"
 #include "core/roce/rc_events.hpp"
@@ -41,11 +42,11 @@ struct RoceIdState final : TransportIdState {
   // reserved_address (host order; RoceDevice::kAnyAddress for INADDR_ANY). 0: none.
   std::uint16_t reserved_service = 0;
   std::uint32_t reserved_address = 0;
-  // listener: client/server requests not yet decided, at most `backlog`
-  int backlog = 0;
-  std::size_t pending = 0;
-  // passive: counted in its listener's `pending`
+  // listener: the requests delivered and not yet decided (B1)
+  core::ListenBacklog backlog;
+  // passive: charged to its listener's backlog, from `peer_source`
   bool counted_in_backlog = false;
+  std::uint32_t peer_source = 0;
   std::weak_ptr<CmIdImpl> listener;
 };
 

@@ -56,7 +56,7 @@ StreamId IwarpCmAgent::stream_of(IwarpCmId id) const {
 IwarpCmAgent::Backlog IwarpCmAgent::backlog_of(IwarpCmId listener) const {
   auto it = ids_.find(listener);
   if (it == ids_.end()) return {};
-  return {.pending = it->second.pending, .handshaking = it->second.handshaking.size()};
+  return {.pending = it->second.backlog.held(), .handshaking = it->second.handshaking.size()};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -68,6 +68,7 @@ IwarpCmId IwarpCmAgent::listen(const IwarpListenParams& params) {
   record.state = IdState::listening;
   record.listen = params;
   if (record.listen.backlog <= 0) record.listen.backlog = 1;
+  record.backlog = ListenBacklog(static_cast<std::size_t>(record.listen.backlog));
   ids_.emplace(id, std::move(record));
   // R2: the node advertises its first listener's port in every CM header.
   if (p2p_listen_port_ == 0) {
@@ -143,7 +144,7 @@ Status<std::errc> IwarpCmAgent::accept(IwarpCmId id, const IwarpAcceptParams& pa
   if (s == nullptr || !s->responder) return fail(std::errc::invalid_argument);
   if (params.private_data.size() > kMaxPrivateData) return fail(std::errc::invalid_argument);
   record->state = IdState::accepting;
-  release_backlog(*record);
+  release_charge(*s);  // B1: the application holds it now
   const StreamId stream = record->stream;
   // R1: a p2p requester learns our identity and CmId number from the Reply.
   const std::vector<std::uint8_t> reply =
@@ -163,7 +164,6 @@ Status<std::errc> IwarpCmAgent::reject(IwarpCmId id, std::span<const std::uint8_
   if (s == nullptr || !s->responder) return fail(std::errc::invalid_argument);
   if (private_data.size() > kMaxPrivateData) return fail(std::errc::invalid_argument);
   ++stats_.rejects_sent_application;
-  release_backlog(*record);
   const StreamId stream = record->stream;
   s->responder->reject(private_data);
   flush_transmit(stream, *s);
@@ -212,7 +212,6 @@ void IwarpCmAgent::destroy(IwarpCmId id, Time now) {
   end_p2p(id);
   record = find_id(id);
   if (record == nullptr) return;
-  release_backlog(*record);
   if (record->stream != 0 && find_stream(record->stream) != nullptr) abandon(record->stream, /*graceful=*/false);
   ids_.erase(id);
   run_resolver(now);
@@ -224,13 +223,14 @@ void IwarpCmAgent::destroy(IwarpCmId id, Time now) {
 std::optional<StreamId> IwarpCmAgent::handle_stream_accepted(IwarpCmId listener, const Endpoint& peer, Time now) {
   Id* l = find_id(listener);
   if (l == nullptr || l->state != IdState::listening) return std::nullopt;
-  // B1: at most `backlog` handshakes and undecided client/server requests; a full backlog makes
-  // room only by closing a stalled handshake, else the new stream is refused.
-  if (l->pending >= static_cast<std::size_t>(l->listen.backlog) && !displace_stalled_handshake(*l, now)) {
+  // B1: the stream counts from now until its request is held by the application or answered;
+  // without room (in total, or in the source's share) it makes room only by closing a stalled
+  // handshake, else it is refused.
+  if (!l->backlog.has_room(peer.address) && !displace_stalled_handshake(*l, peer.address, now)) {
     ++stats_.backlog_refused;
     return std::nullopt;
   }
-  ++l->pending;
+  l->backlog.admit(peer.address);
   const StreamId stream = new_stream();
   Stream s;
   s.phase = StreamPhase::handshaking;
@@ -238,6 +238,7 @@ std::optional<StreamId> IwarpCmAgent::handle_stream_accepted(IwarpCmId listener,
   s.peer = peer;
   s.opened_at = now;
   s.tcp_connected = true;
+  s.charged = true;
   s.responder.emplace(mpa_config(l->listen.crc, 16, 16, l->listen.handshake_timeout), now);
   auto& inserted = streams_.emplace(stream, std::move(s)).first->second;
   l->handshaking.push_back(stream);
@@ -313,7 +314,6 @@ void IwarpCmAgent::handle_stream_closed(StreamId stream, Time now) {
       record->timewait_until = now + config_.timewait;
       timewaits_.emplace(*record->timewait_until, id);
     }
-    release_backlog(*record);
   }
   if (p2p) resolver_.handle_link_closed(stream);
   run_resolver(now);
@@ -420,7 +420,7 @@ void IwarpCmAgent::drain_handshake(StreamId stream, Time now) {
 
 // A complete Request on a listener's stream. R1: a p2p request names its sender in the CM
 // header (whatever its RFC 6581 A flag says); the resolver places it. Any other request is
-// client/server: CONNECT_REQUEST, and it stays counted in the backlog until decided (B1).
+// client/server: CONNECT_REQUEST. Either stays charged to the backlog until held or answered (B1).
 void IwarpCmAgent::on_request(StreamId stream, Time now) {
   Stream& s = streams_.at(stream);
   Id* l = find_id(s.listener);
@@ -439,7 +439,6 @@ void IwarpCmAgent::on_request(StreamId stream, Time now) {
     s.peer_node = NodeIdentity{header->header.node_guid, header->header.incarnation};
     s.peer_cmid = header->header.cmid;
     s.phase = StreamPhase::parked;
-    if (l->pending > 0) --l->pending;  // the resolver's verdict, not the backlog, governs it now
     resolver_.handle_request(s.key, stream, s.peer_node, s.peer_cmid, now);
     run_resolver(now);
     return;
@@ -455,7 +454,6 @@ void IwarpCmAgent::deliver(StreamId stream, IwarpCmId listener, std::span<const 
   record.state = IdState::requested;
   record.stream = stream;
   record.listener = listener;
-  record.counted_in_backlog = !s.p2p;
   record.peer_to_peer = s.p2p;
   record.key = s.key;
   record.peer_incarnation = s.peer_node.incarnation;
@@ -572,7 +570,6 @@ void IwarpCmAgent::on_failed(StreamId stream, const MpaEvent& event, Time now) {
                                                                                  : IwarpEndReason::invalid;
   push(IwarpCmEvent{.kind = IwarpCmEvent::Kind::connect_error, .id = id,
                     .status = event.failure == MpaFailure::timeout ? ETIMEDOUT : ECONNRESET, .reason = reason});
-  release_backlog(*record);
   // After the ending event, as above; the attempt's end before its link's close
   // (docs/p2p-resolver.md, decision 5: a close alone would leave the attempt waiting).
   end_p2p(id);
@@ -584,18 +581,23 @@ void IwarpCmAgent::on_failed(StreamId stream, const MpaEvent& event, Time now) {
 // B1: peers that connect and say nothing, or drip their Request byte by byte, would hold a full
 // backlog until the handshake timeout and lock legitimate clients out (a slowloris flood): the
 // oldest silent handshake makes room, else the oldest whose Request is still incomplete after
-// the grace period.
-bool IwarpCmAgent::displace_stalled_handshake(Id& listener, Time now) {
+// the grace period. When `source` is over its own share, only its own handshakes are candidates:
+// closing another peer's would not make room for it.
+bool IwarpCmAgent::displace_stalled_handshake(Id& listener, std::uint32_t source, Time now) {
+  const bool own_only = listener.backlog.source_is_full(source);
+  auto candidate = [&](const Stream& s) { return !own_only || s.peer.address == source; };
   std::optional<StreamId> victim;
   for (const StreamId stream : listener.handshaking) {
-    if (!streams_.at(stream).heard) {
+    const Stream& s = streams_.at(stream);
+    if (candidate(s) && !s.heard) {
       victim = stream;
       break;
     }
   }
   if (!victim) {
     for (const StreamId stream : listener.handshaking) {
-      if (streams_.at(stream).opened_at + config_.partial_request_grace < now) {
+      const Stream& s = streams_.at(stream);
+      if (candidate(s) && s.opened_at + config_.partial_request_grace < now) {
         victim = stream;
         break;
       }
@@ -604,13 +606,14 @@ bool IwarpCmAgent::displace_stalled_handshake(Id& listener, Time now) {
   if (!victim) return false;
   ++stats_.backlog_displaced;
   abandon(*victim, /*graceful=*/false);
-  return listener.pending < static_cast<std::size_t>(listener.listen.backlog);
+  return listener.backlog.has_room(source);
 }
 
-void IwarpCmAgent::release_backlog(Id& id) {
-  if (!id.counted_in_backlog) return;
-  id.counted_in_backlog = false;
-  if (Id* l = find_id(id.listener); l != nullptr && l->pending > 0) --l->pending;
+// B1: the stream's request is held by the application or answered; it leaves the backlog.
+void IwarpCmAgent::release_charge(Stream& s) {
+  if (!s.charged) return;
+  s.charged = false;
+  if (Id* l = find_id(s.listener); l != nullptr && l->state == IdState::listening) l->backlog.release(s.peer.address);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -624,11 +627,9 @@ void IwarpCmAgent::forget_stream(StreamId stream) {
   Stream& s = it->second;
   if (s.deadline) handshake_deadlines_.erase({*s.deadline, stream});
   if (s.phase == StreamPhase::handshaking) {
-    if (Id* l = find_id(s.listener)) {
-      std::erase(l->handshaking, stream);
-      if (l->pending > 0) --l->pending;
-    }
+    if (Id* l = find_id(s.listener)) std::erase(l->handshaking, stream);
   }
+  release_charge(s);
   streams_.erase(it);
 }
 

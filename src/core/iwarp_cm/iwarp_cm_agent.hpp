@@ -37,6 +37,7 @@
 #include "core/p2p_executor.hpp"
 #include "core/p2p_resolver.hpp"
 #include "core/time.hpp"
+#include "core/listen_backlog.hpp"
 #include "peercm/result.hpp"
 
 namespace peercm::core::iwarp {
@@ -223,7 +224,7 @@ class IwarpCmAgent : private P2pBinding {
   // The node's advertised p2p listening port: the first listener's (R2); 0 without one.
   std::uint16_t p2p_listen_port() const { return p2p_listen_port_; }
   struct Backlog {
-    std::size_t pending = 0;      // handshakes and undecided client/server requests
+    std::size_t pending = 0;      // requests charged to the listener (B1): not yet held or answered
     std::size_t handshaking = 0;  // streams whose Request is not complete yet
   };
   Backlog backlog_of(IwarpCmId listener) const;
@@ -246,7 +247,6 @@ class IwarpCmAgent : private P2pBinding {
     IdState state = IdState::connecting;
     StreamId stream = 0;
     IwarpCmId listener = 0;       // passive ids: the listener of their request
-    bool counted_in_backlog = false;
     bool p2p_attempt = false;     // connect() went through the resolver
     bool peer_to_peer = false;    // the connection carries CM headers
     P2pKey key;
@@ -256,7 +256,7 @@ class IwarpCmAgent : private P2pBinding {
     std::optional<Time> timewait_until;
     // listener
     IwarpListenParams listen;
-    std::size_t pending = 0;
+    ListenBacklog backlog;              // B1
     std::vector<StreamId> handshaking;  // oldest first
   };
 
@@ -276,6 +276,7 @@ class IwarpCmAgent : private P2pBinding {
     Endpoint peer;
     Time opened_at{};
     bool heard = false;      // a byte arrived during setup
+    bool charged = false;    // passive: counts in its listener's backlog (B1), source peer.address
     bool tcp_connected = false;
     bool p2p = false;        // a p2p link of the resolver
     P2pKey key;              // passive p2p: the request's key
@@ -305,8 +306,8 @@ class IwarpCmAgent : private P2pBinding {
   void on_rejected(StreamId stream, const MpaResult& result, Time now);
   void on_failed(StreamId stream, const MpaEvent& event, Time now);
   void tcp_failed(IwarpCmId id, int error, Time now);
-  bool displace_stalled_handshake(Id& listener, Time now);
-  void release_backlog(Id& id);
+  bool displace_stalled_handshake(Id& listener, std::uint32_t source, Time now);
+  void release_charge(Stream& s);
   void forget_stream(StreamId stream);
   void abandon(StreamId stream, bool graceful);
   void close_stream(StreamId stream, Stream& s, bool graceful);

@@ -71,6 +71,7 @@ void IwarpCmAgent::accept_into_attempt(const P2pAction& action, Time now) {
   record->peer_incarnation = s->peer_node.incarnation;
   s->owner = id;
   s->phase = StreamPhase::requested;
+  release_charge(*s);  // B1: the application holds it, through its own attempt
   const std::vector<std::uint8_t> reply =
       cm_header(record->connect.tag, record->connect.number, record->connect.private_data);
   s->responder->accept(record->connect.ird, record->connect.ord, reply);
