@@ -158,7 +158,7 @@ struct IbCmAgentStats {
   std::uint64_t sidr_duplicates = 0;     // SIDR_REQ copies (dropped, or answered again)
   std::uint64_t sidr_flood_dropped = 0;  // SIDR_REQs beyond kMaxSidrPending
   std::uint64_t sidr_no_service = 0;     // answered with status service_unsupported
-  std::uint64_t rejected_address = 0;    // REJ 12: a REQ naming another address than its source
+  std::uint64_t rejected_address = 0;    // a REQ (REJ 12) or SIDR_REQ (status rejected) naming another address than its source
 };
 
 class IbCmAgent : private P2pBinding {

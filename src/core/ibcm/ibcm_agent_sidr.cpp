@@ -97,6 +97,14 @@ void IbCmAgent::on_sidr_req(const w::CmSidrReq& req, std::uint64_t tid, const Gi
                   now);
     return;
   }
+  if (w::ipv4_mapped_gid(w::CmaHeader::ipv4_of(cma->header.source_ip)) != from) {
+    // docs/reliability.md, "CM answers": as for a REQ, rdma_cm's header names the address the
+    // datagram came from, or the request is refused (to its source, like every answer).
+    ++stats_.rejected_address;
+    send_sidr_rep(from, tid, {.request_id = req.request_id, .status = w::SidrStatus::rejected, .service_id = req.service_id},
+                  now);
+    return;
+  }
   if (sidr_in_.size() >= kMaxSidrPending) {
     // A flood: no state for it, no answer (its sender retries or gives up).
     ++stats_.sidr_flood_dropped;

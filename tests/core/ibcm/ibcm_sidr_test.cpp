@@ -223,6 +223,30 @@ TEST_F(Sidr, HostileInputIsDroppedAndCounted) {
   EXPECT_EQ(server.stats().sidr_malformed, 3u);
 }
 
+// docs/reliability.md, "CM answers": a SIDR_REQ whose rdma_cm header names another address
+// than the one it came from is refused to its source, never delivered; the application would
+// otherwise answer (and send its datagrams to) whatever address the header claims.
+TEST_F(Sidr, RequestNamingAnotherAddressIsRefusedToItsSource) {
+  IbCmAgent& server = net.agent(kServer);
+  std::array<std::uint8_t, w::kReqPrivateDataSize> header{};
+  ASSERT_TRUE(w::encode_cma_private_data(
+      w::CmaHeader::ipv4(Ipv4Address{10, 0, 0, 99}, 1, Fabric::address(kServer)), {}, header));
+  inject(kClient, {.transaction_id = 5,
+                   .message = w::CmSidrReq{.request_id = 0x77,
+                                           .service_id = w::rdma_ip_service_id(w::RdmaPortSpace::udp, kService),
+                                           .private_data = std::span(header).first(w::kCmaHeaderSize)}});
+  EXPECT_EQ(server.stats().rejected_address, 1u);
+  EXPECT_EQ(server.sidr_count(), 0u);
+  auto answer = server.poll_mad();
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->destination, w::ipv4_mapped_gid(Fabric::address(kClient)));
+  auto decoded = w::decode_sidr_mad(answer->bytes);
+  ASSERT_TRUE(decoded);
+  EXPECT_EQ(std::get<w::CmSidrRep>(decoded->message).status, w::SidrStatus::rejected);
+  EXPECT_FALSE(server.poll_mad().has_value());
+  EXPECT_FALSE(server.poll_event().has_value());
+}
+
 TEST_F(Sidr, RequestsOutAreBounded) {
   for (std::size_t i = 0; i < kMaxSidrPending; ++i) request(params(5));
   auto refused = net.agent(kClient).sidr_request(params(5), net.now);
