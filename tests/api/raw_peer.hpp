@@ -39,13 +39,20 @@ class RawSocket {
   int fd() const { return fd_; }
 
   // CLOEXEC: a helper process spawned meanwhile must not hold the connection open.
-  static RawSocket connect_to(std::uint16_t port) {
+  // From `source` (host order; 0: the kernel's choice) to 127.0.0.1:`port`.
+  static RawSocket connect_to(std::uint16_t port, std::uint32_t source = 0) {
     RawSocket s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (source != 0) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      from.sin_addr.s_addr = htonl(source);
+      if (::bind(s.fd_, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) s.reset();
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(s.fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) s.reset();
+    if (s.fd_ >= 0 && ::connect(s.fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) s.reset();
     int one = 1;
     if (s.fd_ >= 0) ::setsockopt(s.fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return s;

@@ -77,6 +77,7 @@ class ConnectFlood : public FaultTest {
   }
 
   std::int64_t legitimate_cost = 0;  // heap of one established legitimate connection
+  static constexpr std::uint32_t kFloodSources[2] = {0x7F000002, 0x7F000003};  // 127.0.0.2, .3
 
   struct Sample {
     std::size_t fds = 0;
@@ -102,7 +103,8 @@ TEST_F(ConnectFlood, BacklogHoldsMemoryIsBoundedAndLegitimateClientsGetIn) {
   std::int64_t per_handshake = 0;
   {
     std::vector<RawSocket> silent;
-    for (int i = 0; i < kBacklog; ++i) silent.push_back(RawSocket::connect_to(port));
+    // From two addresses: one source holds at most three quarters of the backlog (B1).
+    for (int i = 0; i < kBacklog; ++i) silent.push_back(RawSocket::connect_to(port, kFloodSources[i % 2]));
     const auto deadline = Clock::now() + 2s;
     while (sample().handshaking < static_cast<std::size_t>(kBacklog) && Clock::now() < deadline)
       std::this_thread::sleep_for(1ms);
@@ -195,7 +197,7 @@ TEST_F(ConnectFlood, PartialRequestsGiveWayToACompleteOne) {
   const auto request = mpa_request_bytes(true);
   std::vector<RawSocket> drips;
   for (int i = 0; i < kBacklog; ++i) {
-    drips.push_back(RawSocket::connect_to(port));
+    drips.push_back(RawSocket::connect_to(port, kFloodSources[i % 2]));  // two addresses fill it (B1)
     ASSERT_GE(drips.back().fd(), 0);
     ASSERT_TRUE(drips.back().send_all(std::span(request).first(4)));
   }

@@ -42,11 +42,12 @@ class FaultTest : public testing::Test {
   // Heap the process may keep after a fault. ASan counts live bytes exactly: what remains is
   // state allocated once (container capacity kept for reuse) that the warm-up did not reach,
   // a few hundred bytes. mallinfo2 also counts freed chunks parked in each thread's tcache
-  // as in use: up to ~15 KiB of noise after a thousand connections, not growing with them.
+  // and fastbins as in use: up to ~15 KiB of noise after a thousand connections, 32.5-34.8 KiB
+  // after the 2,000-3,000 of ConnectFlood, not growing with them (ASan, exact, sees 212 B).
 #ifdef PEERCM_TEST_ASAN
   static constexpr std::int64_t kHeapSlack = 8 * 1024;
 #else
-  static constexpr std::int64_t kHeapSlack = 32 * 1024;
+  static constexpr std::int64_t kHeapSlack = 64 * 1024;
 #endif
 
   FaultTest() : target(ContextOptions{.node_guid = kTargetGuid}) {}

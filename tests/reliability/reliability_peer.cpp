@@ -15,6 +15,15 @@
 //                                         <window> held open and silent
 //   roce-client <address> <port>          peercm RoCE client (client/server model) that
 //                                         connects to <address>:<port> and then idles
+//   request-flood <iwarp|roce> <cs|p2p> <address> <port> <total>
+//                                         <total> whole connection requests at <address>:<port>,
+//                                         as fast as they go, none of them ever completed:
+//                                         iWARP: TCP connects each sending one MPA Request
+//                                         (p2p: with a CM header of a fresh node), all held
+//                                         open to the end; RoCE: REQs of a peercm node from
+//                                         ids without a QP, distinct p2p tags. Reports "started"
+//                                         after the first, then "done <sent> refused <n>"
+//                                         (iWARP: closed by the listener; RoCE: REJECTED)
 //   fd-limited-server <nofile>            peercm iWARP server under RLIMIT_NOFILE <nofile>:
 //                                         accepts every request with a receive posted, and
 //                                         reports "established <n> pauses <accept_pauses>"
@@ -310,6 +319,94 @@ int flood(std::uint16_t port, std::size_t total, std::size_t window, std::size_t
   block();
 }
 
+// request-flood: see the top of the file.
+int request_flood_iwarp(bool p2p, const sockaddr_in& target, std::size_t total) {
+  // Every request stays open (as far as the descriptor limit allows): a held request whose
+  // peer went away is no longer the listener's, and the flood should not let it off that way.
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, total + 64);
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  const std::size_t kWindow = limit.rlim_cur - 64;
+  std::mt19937_64 random{std::random_device{}()};
+  std::deque<int> open;
+  std::size_t sent = 0, refused = 0;
+  auto retire = [&] {
+    const int fd = open.front();
+    open.pop_front();
+    char byte;
+    // The listener closed it (refused, or displaced): EOF or a reset.
+    const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN)) ++refused;
+    linger hard{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof hard);
+    ::close(fd);
+  };
+  for (std::size_t i = 0; i < total; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) die("socket " + std::string(std::strerror(errno)));
+    timeval limit_connect{.tv_sec = 0, .tv_usec = 200000};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit_connect, sizeof limit_connect);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&target), sizeof target) != 0) {
+      ::close(fd);
+      continue;
+    }
+    const auto request =
+        p2p ? test::p2p_request_bytes(wire::CmHeader{.node_guid = random(), .incarnation = random(), .listen_port = 0,
+                                                     .tag = static_cast<std::uint32_t>(i), .cmid = 1})
+            : test::mpa_request_bytes(true);
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) ++sent;
+    open.push_back(fd);
+    if (i == 0) say("started");
+    if (open.size() > kWindow) retire();
+  }
+  while (!open.empty()) retire();
+  say("done " + std::to_string(sent) + " refused " + std::to_string(refused));
+  block();
+}
+
+int request_flood_roce(bool p2p, const sockaddr_in& target, std::size_t total) {
+  auto context = std::move(Context::open().value());
+  auto channel = std::move(EventChannel::create().value());
+  std::vector<std::unique_ptr<CmId>> ids;
+  std::size_t sent = 0, refused = 0;
+  auto drain = [&](std::chrono::milliseconds wait) {
+    while (auto event = channel->get_event(wait)) {
+      if (event->type == CmEventType::addr_resolved) {
+        (void)event->id->resolve_route();
+      } else if (event->type == CmEventType::route_resolved) {
+        // A QP number no QP of ours has: the IB CM exchange alone (docs/roce-transport.md).
+        ConnParam param;
+        param.qp_num = static_cast<std::uint32_t>(0x1000 + sent);
+        if (event->id->connect(param)) ++sent;
+      } else if (event->type == CmEventType::rejected) {
+        ++refused;
+      }
+      wait = std::chrono::milliseconds(0);
+    }
+  };
+  for (std::size_t i = 0; i < total; ++i) {
+    auto id = std::move(CmId::create(*context, *channel, nullptr, Transport::roce).value());
+    (void)id->set_option(CmOption::peer_to_peer, p2p ? 1 : 0);
+    (void)id->set_option(CmOption::p2p_tag, static_cast<std::int64_t>(i));
+    (void)id->resolve_addr(target);
+    ids.push_back(std::move(id));
+    if (i % 64 == 63) drain(0ms);
+    if (i == 0) say("started");
+  }
+  for (const auto until = std::chrono::steady_clock::now() + 3s; std::chrono::steady_clock::now() < until;) drain(10ms);
+  say("done " + std::to_string(sent) + " refused " + std::to_string(refused));
+  block();
+}
+
+int request_flood(const std::string& transport, const std::string& kind, const char* address, std::uint16_t port,
+                  std::size_t total) {
+  sockaddr_in target = loopback(port);
+  if (::inet_pton(AF_INET, address, &target.sin_addr) != 1) die("address");
+  const bool p2p = kind == "p2p";
+  return transport == "roce" ? request_flood_roce(p2p, target, total) : request_flood_iwarp(p2p, target, total);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -324,6 +421,8 @@ int main(int argc, char** argv) {
   if (args.size() == 4 && args[0] == "p2p-collide")
     return p2p_collide(port_arg(argv[2]), std::strtoull(argv[3], nullptr, 0),
                        static_cast<std::uint32_t>(std::strtoul(argv[4], nullptr, 10)));
+  if (args.size() == 6 && args[0] == "request-flood")
+    return request_flood(args[1], args[2], argv[4], port_arg(argv[5]), std::strtoull(argv[6], nullptr, 10));
   if (args.size() == 5 && args[0] == "flood")
     return flood(port_arg(argv[2]), std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10),
                  std::strtoull(argv[5], nullptr, 10));
