@@ -2,7 +2,8 @@
 // P2pResolver) listening in peer-to-peer mode; CM MADs travel as datagrams on the shared network
 // (network.hpp): delayed, lost, duplicated, reordered, cut by partitions. The application model
 // connects (often from both sides at once), answers requests (accepts, rejects, answers slowly or
-// never), closes, reconnects; nodes crash and restart.
+// never), closes, reconnects; nodes crash and restart. Each seed also picks the CM timing an
+// application configures: REQ retries and TIMEWAIT.
 //
 // Phases: chaos (every fault), a final round without loss or partitions in which pairs connect
 // from one or both sides, then a teardown that closes everything. Properties:
