@@ -96,7 +96,6 @@ struct RoceNode {
   bool up = true;
   std::uint32_t epoch = 1;
   std::uint64_t guid = 0;
-  std::uint64_t incarnation = 0;
   std::uint32_t next_qpn = 0;
   std::optional<Time> timer;
   std::map<ib::IbCmId, AppId> ids;
@@ -168,9 +167,11 @@ class RoceWorld {
                   .node = b, .peer = a, .tag = tag});
       }
     }
+    // docs/p2p.md R6: a restart takes longer than a message can be in flight, so no message of
+    // the previous incarnation arrives once the node runs again.
     for (int i = 0; i < crashes_; ++i) {
       schedule({.at = now_ + upto(chaos), .kind = Ev::crash, .node = rng_.between(0, nodes_count_ - 1),
-                .downtime = Duration{rng_.between(1, 300) * 1000000}});
+                .downtime = faults_.max_delay + Duration{rng_.between(1, 300) * 1000000}});
     }
     for (int i = 0; i < partitions_; ++i) {
       const auto [a, b] = pair();
@@ -246,8 +247,7 @@ class RoceWorld {
 
   void open(int i) {
     RoceNode& n = node(i);
-    n.incarnation = rng_.next() | 1;
-    ib::IbCmAgentConfig agent_config{.identity = {.guid = n.guid, .incarnation = n.incarnation},
+    ib::IbCmAgentConfig agent_config{.identity = {.guid = n.guid, .incarnation = rng_.next() | 1},
                                      .address = address(i),
                                      .timing = timing_,
                                      .connect_timeout = kConnectTimeout,
