@@ -18,7 +18,9 @@
 //    what MPA agreed, RTR included) have carried every Send both ways exactly once, in order,
 //    intact;
 //  - no leak: once everything is closed and every timer ran out, agents hold no stream, no id but
-//    the listener, no resolver state and no deadline.
+//    the listener, no resolver state and no deadline;
+//  - rule R5a of docs/p2p.md: a connect that takes back an unseen request dials at once if and
+//    only if its (GUID, attempt id, incarnation) is the larger; otherwise it is bound to the request.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -118,6 +120,9 @@ struct SimStream {
   std::shared_ptr<QpEnd> qp[2];               // from start_stream on
   std::vector<std::uint8_t> early[2];          // bytes past the handshake before start_stream
   Time last_arrival[2] = {};  // per direction, indexed by the receiving end
+  // The opener's identity and attempt id when an attempt dialled it: what its request carries.
+  NodeIdentity opener{};
+  AttemptId attempt = 0;
 };
 
 struct AppId {
@@ -132,6 +137,8 @@ struct AppId {
   Time deadline{};
   std::uint32_t peer_epoch = 0;
   std::size_t stream = SIZE_MAX;  // world stream of the connection, once ESTABLISHED
+  AttemptId number = 0;           // active: the attempt id given to connect()
+  std::size_t request_stream = SIZE_MAX;  // passive: the world stream its request came on
 };
 
 struct IwarpNode {
@@ -548,6 +555,11 @@ class IwarpWorld {
         const int target = index_of(action.destination.address);
         const std::size_t k = streams_.size();
         SimStream& s = streams_.emplace_back();
+        if (action.id == watched_attempt_) watched_dialled_ = true;
+        if (auto app = n.ids.find(action.id); app != n.ids.end() && app->second.active) {
+          s.opener = n.identity;
+          s.attempt = app->second.number;
+        }
         s.node[0] = i;
         s.node[1] = target < 0 ? i : target;
         s.epoch[0] = n.epoch;
@@ -614,11 +626,13 @@ class IwarpWorld {
     const AttemptId number = n.next_number++;
     const bool may_take = rng_.percent(take_unseen_);
     iw::IwarpCmId taken = 0;
+    std::size_t taken_stream = SIZE_MAX;
     // docs/p2p.md R5: the application has not fetched the request yet: the CM takes it back.
     const auto take_back = [&](iw::IwarpCmId request) {
       auto it = n.ids.find(request);
       if (!may_take || it == n.ids.end() || it->second.fetched) return false;
       taken = request;
+      taken_stream = it->second.request_stream;
       n.ids.erase(it);
       return true;
     };
@@ -640,7 +654,29 @@ class IwarpWorld {
       trace("n{}: connect c{} to n{} tag {} (number {})", a, *id, b, tag, number);
     }
     n.ids[*id] = AppId{.active = true, .peer = b, .tag = tag, .fetched = true, .start = now_,
-                       .deadline = now_ + kConnectTimeout};
+                       .deadline = now_ + kConnectTimeout, .number = number};
+    if (taken != 0 && taken_stream < streams_.size() && streams_[taken_stream].attempt != 0) {
+      check_unseen_request_rule(a, *id, number, streams_[taken_stream]);
+    }
+  }
+
+  // docs/p2p.md R5a: the taken-back request meets the attempt under R3 before the attempt has
+  // sent anything. Its sender's (GUID, attempt id, incarnation) the larger: the attempt is bound
+  // to it and dials nothing; ours the larger: our stream is opened now.
+  void check_unseen_request_rule(int a, iw::IwarpCmId id, AttemptId number, const SimStream& request) {
+    IwarpNode& n = node(a);
+    const bool ours_larger = std::tie(n.identity.guid, number, n.identity.incarnation) >
+                             std::tie(request.opener.guid, request.attempt, request.opener.incarnation);
+    watched_attempt_ = id;
+    watched_dialled_ = false;
+    pump(a);
+    watched_attempt_ = 0;
+    if (watched_dialled_ != ours_larger) {
+      violation(fmt::format("rule R5a: n{}'s attempt c{} (GUID {:#x}, attempt {}) took back the unseen request of "
+                            "(GUID {:#x}, attempt {}) and {}",
+                            a, id, n.identity.guid, number, request.opener.guid, request.attempt,
+                            watched_dialled_ ? "dialled" : "did not dial"));
+    }
   }
 
   // The application takes a CONNECT_REQUEST from its channel and decides.
@@ -724,7 +760,9 @@ class IwarpWorld {
     switch (e.kind) {
       case AgentEvent::connect_request: {
         const int peer = index_of(e.peer.address);
-        n.ids[e.id] = AppId{.active = false, .peer = peer, .tag = e.tag};
+        auto stream = n.streams.find(e.stream);
+        n.ids[e.id] = AppId{.active = false, .peer = peer, .tag = e.tag,
+                            .request_stream = stream == n.streams.end() ? SIZE_MAX : stream->second};
         trace("n{}: CONNECT_REQUEST c{} from n{} tag {}", i, e.id, peer, e.tag);
         // The application fetches it a little later: until then a connect can take it back.
         schedule({.at = now_ + network_.delay() + upto(slow_fetch_), .kind = Ev::fetch, .node = i, .epoch = n.epoch,
@@ -963,6 +1001,8 @@ class IwarpWorld {
   unsigned reconnect_ = 0;
   unsigned take_unseen_ = 0;
   Duration slow_fetch_{};
+  iw::IwarpCmId watched_attempt_ = 0;  // R5a: the attempt whose connect() took back a request
+  bool watched_dialled_ = false;
   int crashes_ = 0;
   int partitions_ = 0;
   bool shared_guid_ = false;

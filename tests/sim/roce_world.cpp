@@ -2,7 +2,8 @@
 // P2pResolver) listening in peer-to-peer mode; CM MADs travel as datagrams on the shared network
 // (network.hpp): delayed, lost, duplicated, reordered, cut by partitions. The application model
 // connects (often from both sides at once), answers requests (accepts, rejects, answers slowly or
-// never), closes, reconnects; nodes crash and restart.
+// never), closes, reconnects; nodes crash and restart. Each seed also picks the CM timing an
+// application configures: REQ retries and TIMEWAIT.
 //
 // Phases: chaos (every fault), a final round without loss or partitions in which pairs connect
 // from one or both sides, then a teardown that closes everything. Properties:
@@ -17,7 +18,9 @@
 //    one of the connections carry Sends over the lossy network exactly once, in order, intact
 //    (rc_data.hpp);
 //  - no leak: once everything is closed and every timer ran out, agents hold no connection, id,
-//    pending REQ, timer or resolver state.
+//    pending REQ, timer or resolver state;
+//  - rule R5a of docs/p2p.md: a connect that takes back an unseen request sends its own REQ at once
+//    if and only if its (GUID, QPN) is the larger; otherwise it is bound to the request.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <variant>
 #include <vector>
 
 #include "core/ibcm/ibcm_agent.hpp"
@@ -35,6 +39,7 @@
 #include "worlds.hpp"
 #include "wire/ibcm/cm_common.hpp"
 #include "wire/ibcm/gid.hpp"
+#include "wire/ibcm/cm_message.hpp"
 
 namespace peercm::sim {
 namespace {
@@ -122,8 +127,15 @@ class RoceWorld {
     crashes_ = rng_.percent(40) ? 1 : 0;
     partitions_ = rng_.percent(25) ? rng_.between(1, 2) : 0;
     shared_guid_ = rng_.percent(20);
-    timing_ = {.packet_lifetime = 10, .cm_response_timeout = 12, .max_cm_retries = 4, .service_timeout = 14,
-               .timewait = 13};
+    // The CM timing is the application's to configure (ContextOptions: retries, TIMEWAIT): a seed
+    // picks how often a REQ is sent (2 to 5 times, 25 ms apart) and how long a node remembers a
+    // REQ it dropped or answered (TIMEWAIT 34 to 268 ms), so some seeds remember a dropped REQ for
+    // longer than its sender keeps sending it.
+    timing_ = {.packet_lifetime = 10,
+               .cm_response_timeout = 12,
+               .max_cm_retries = static_cast<std::uint8_t>(rng_.between(1, 4)),
+               .service_timeout = 14,
+               .timewait = static_cast<std::uint8_t>(rng_.between(13, 16))};
     // Some seeds give nodes with one GUID the same QPN sequence too (identical processes): then
     // only the incarnation orders their colliding attempts (rule 3's tie-break).
     shared_qpns_ = shared_guid_ && rng_.percent(50);
@@ -137,10 +149,12 @@ class RoceWorld {
 
   SimResult run() {
     trace("seed {} (roce): {} nodes, {} tag(s), delays 0..{}us, loss {}%, duplicates {}%, {}% simultaneous, "
-          "app reject {}%, slow {}%, silent {}%, close {}%, take unseen {}%, {} crash(es), {} partition(s){}",
+          "app reject {}%, slow {}%, silent {}%, close {}%, take unseen {}%, {} crash(es), {} partition(s){}, "
+          "CM retries {}, TIMEWAIT 2^{} x 4.096 us",
           seed_, nodes_count_, tags_, std::chrono::duration_cast<std::chrono::microseconds>(faults_.max_delay).count(),
           faults_.loss_percent, faults_.duplicate_percent, simultaneous_, reject_, slow_, silent_, close_,
-          take_unseen_, crashes_, partitions_, shared_guid_ ? ", shared GUIDs" : "");
+          take_unseen_, crashes_, partitions_, shared_guid_ ? ", shared GUIDs" : "", timing_.max_cm_retries,
+          timing_.timewait);
     const Duration chaos = Duration{rng_.between(20, 200) * 1000000};
     const int connects = rng_.between(2, 12);
     for (int i = 0; i < connects; ++i) {
@@ -153,9 +167,11 @@ class RoceWorld {
                   .node = b, .peer = a, .tag = tag});
       }
     }
+    // docs/p2p.md R6: a restart takes longer than a message can be in flight, so no message of
+    // the previous incarnation arrives once the node runs again.
     for (int i = 0; i < crashes_; ++i) {
       schedule({.at = now_ + upto(chaos), .kind = Ev::crash, .node = rng_.between(0, nodes_count_ - 1),
-                .downtime = Duration{rng_.between(1, 300) * 1000000}});
+                .downtime = faults_.max_delay + Duration{rng_.between(1, 300) * 1000000}});
     }
     for (int i = 0; i < partitions_; ++i) {
       const auto [a, b] = pair();
@@ -312,10 +328,12 @@ class RoceWorld {
     // it answers it) goes back to the CM, whose resolver lets it meet the attempt (R3).
     const bool may_take = rng_.percent(take_unseen_);
     ib::IbCmId taken = 0;
+    ib::IbCmPeer taken_from;
     const auto take_back = [&](ib::IbCmId request) {
       auto it = n.ids.find(request);
       if (!may_take || it == n.ids.end() || it->second.answered) return false;
       taken = request;
+      taken_from = it->second.remote;
       n.ids.erase(it);
       return true;
     };
@@ -333,6 +351,26 @@ class RoceWorld {
     }
     n.ids[*id] = AppId{.active = true, .peer = b, .tag = tag, .start = now_, .deadline = now_ + kConnectTimeout,
                        .qpn = qpn, .psn = psn};
+    if (taken != 0) check_unseen_request_rule(a, qpn, taken_from);
+  }
+
+  // docs/p2p.md R5a: the taken-back request meets the attempt under R3 before the attempt has
+  // sent anything. Its sender's (GUID, QPN) the larger: the attempt is bound to it and sends no
+  // REQ; ours the larger: our REQ goes out now. (A full tie is the incarnations' to break: not
+  // judged here.)
+  void check_unseen_request_rule(int a, std::uint32_t qpn, const ib::IbCmPeer& sender) {
+    RoceNode& n = node(a);
+    if (n.guid == sender.guid && qpn == sender.qpn) return;
+    const bool ours_larger = std::tie(n.guid, qpn) > std::tie(sender.guid, sender.qpn);
+    watched_qpn_ = qpn;
+    watched_req_sent_ = false;
+    pump(a);
+    watched_qpn_.reset();
+    if (watched_req_sent_ != ours_larger) {
+      violation(fmt::format("rule R5a: n{}'s attempt (GUID {:#x}, QPN {:#x}) took back the unseen request of "
+                            "(GUID {:#x}, QPN {:#x}) and {} its own REQ",
+                            a, n.guid, qpn, sender.guid, sender.qpn, watched_req_sent_ ? "sent" : "did not send"));
+    }
   }
 
   void answer(const RoceEvent& e) {
@@ -403,6 +441,11 @@ class RoceWorld {
       const int target = index_of(*to);
       if (target < 0 || target >= nodes_count_) continue;
       if ((mad->bytes[16] << 8 | mad->bytes[17]) == static_cast<int>(w::CmAttribute::mra)) ++result_.stats.mras;
+      if (watched_qpn_) {
+        if (auto decoded = w::decode_cm_mad(mad->bytes); decoded && std::holds_alternative<w::CmReq>(decoded->message)) {
+          watched_req_sent_ |= std::get<w::CmReq>(decoded->message).local_qpn == *watched_qpn_;
+        }
+      }
       auto shared = std::make_shared<const ib::OutboundMad>(*mad);
       for (Time at : network_.datagram_arrivals(i, target, now_)) {
         schedule({.at = at, .kind = Ev::mad, .node = target, .from = i, .mad = shared});
@@ -680,6 +723,8 @@ class RoceWorld {
   bool shared_guid_ = false;
   bool shared_qpns_ = false;
   std::uint32_t first_qpn_ = 0;
+  std::optional<std::uint32_t> watched_qpn_;  // R5a: the taken-back request's attempt, while connect() runs
+  bool watched_req_sent_ = false;
   ib::IbCmTiming timing_;
   Phase phase_ = Phase::chaos;
   Time now_ = Time{} + 1s;
