@@ -205,7 +205,7 @@ TEST(RoceDeadPeer, RestartedPeersRequestEndsTheStaleConnectionAndOurConnectEstab
   expect_event(*survivor.channel, CmEventType::established);
   ASSERT_TRUE(peer->expect("established accepted"));
 
-  constexpr int kRounds = 10;
+  constexpr int kRounds = 20;
   for (int round = 0; round < kRounds; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     // Resolved now: its events must not be fetched after the peer's CONNECT_REQUEST arrived,
