@@ -10,6 +10,12 @@ namespace peercm::detail::roce {
 
 namespace {
 
+// The errors a send reports when an ICMP error for an earlier datagram is pending on an
+// IP_RECVERR socket (port, host or network unreachable).
+bool reported_icmp_error(int error) {
+  return error == ECONNREFUSED || error == EHOSTUNREACH || error == ENETUNREACH || error == EHOSTDOWN;
+}
+
 constexpr std::size_t kControlSize = CMSG_SPACE(sizeof(std::uint16_t));
 
 bool same_destination(const sockaddr_in& a, const sockaddr_in& b) {
@@ -108,8 +114,9 @@ void UdpSender::send_run(std::size_t first, std::size_t last) {
     if (sent < 0 && error == EINTR) continue;
     // A socket with IP_RECVERR reports an ICMP error that arrived for an earlier datagram
     // (to any peer) on its next send, which then sends nothing; the error itself waits in
-    // the error queue for the reader. Reporting it cleared it: the send goes again.
-    if (sent < 0 && error == ECONNREFUSED && refused_retries < 4) {
+    // the error queue for the reader. Reporting it cleared it: the send goes again. (A route
+    // that is really missing fails the same way each time: a few tries, then it counts.)
+    if (sent < 0 && reported_icmp_error(error) && refused_retries < 4) {
       ++refused_retries;
       continue;
     }
@@ -137,7 +144,7 @@ void UdpSender::send_segments(const Message& message) {
     header.msg_iovlen = 1;
     ++system_calls_;
     ssize_t sent = ::sendmsg(message.fd, &header, MSG_DONTWAIT);
-    if (sent < 0 && errno == ECONNREFUSED) sent = ::sendmsg(message.fd, &header, MSG_DONTWAIT);  // as above
+    if (sent < 0 && reported_icmp_error(errno)) sent = ::sendmsg(message.fd, &header, MSG_DONTWAIT);  // as above
     if (sent < 0) ++send_failures_;
   }
 }
