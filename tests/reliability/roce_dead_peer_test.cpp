@@ -7,9 +7,16 @@
 // - Restarted on its address (a new incarnation) and connecting again: its REQ ends the stale
 //   connection first (docs/p2p.md R6), and our own connect then ends ESTABLISHED on its id.
 #include <arpa/inet.h>
+#include <netinet/ip.h>
+#include <netinet/ip_icmp.h>
+#include <netinet/udp.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <optional>
 
@@ -232,6 +239,109 @@ TEST(RoceDeadPeer, RestartedPeersRequestEndsTheStaleConnectionAndOurConnectEstab
     EXPECT_FALSE(next_event(*survivor.channel, 50ms).has_value());  // no CONNECT_REQUEST, nothing else
     connected = std::move(reconnecting);
   }
+}
+
+std::uint16_t internet_checksum(std::span<const std::uint8_t> bytes) {
+  std::uint32_t sum = 0;
+  for (std::size_t i = 0; i + 1 < bytes.size(); i += 2) sum += std::uint32_t{bytes[i]} << 8 | bytes[i + 1];
+  if (bytes.size() % 2) sum += std::uint32_t{bytes.back()} << 8;
+  while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+  return static_cast<std::uint16_t>(~sum);
+}
+
+// Sends, from `claimed_source` (a raw socket writes any source address), an ICMP port
+// unreachable to `to` that quotes the datagram `to`:4791 sent to `about`:4791.
+bool forge_port_unreachable(int raw, std::uint32_t claimed_source, std::uint32_t to, std::uint32_t about,
+                            std::span<const std::uint8_t> quoted) {
+  const std::size_t inner_udp = sizeof(udphdr) + quoted.size();
+  std::array<std::uint8_t, 2 * sizeof(iphdr) + 8 + sizeof(udphdr) + 512> storage{};
+  if (quoted.size() > 512) return false;
+  const std::span<std::uint8_t> packet(storage.data(), sizeof(iphdr) + 8 + sizeof(iphdr) + inner_udp);
+  iphdr outer{};
+  outer.version = 4;
+  outer.ihl = 5;
+  outer.ttl = 64;
+  outer.protocol = IPPROTO_ICMP;
+  outer.tot_len = htons(static_cast<std::uint16_t>(packet.size()));
+  outer.saddr = htonl(claimed_source);
+  outer.daddr = htonl(to);
+  std::memcpy(packet.data(), &outer, sizeof outer);
+  const std::size_t icmp = sizeof(iphdr);
+  packet[icmp] = ICMP_DEST_UNREACH;
+  packet[icmp + 1] = ICMP_PORT_UNREACH;
+  iphdr inner{};
+  inner.version = 4;
+  inner.ihl = 5;
+  inner.ttl = 64;
+  inner.protocol = IPPROTO_UDP;
+  inner.tot_len = htons(static_cast<std::uint16_t>(sizeof(iphdr) + inner_udp));
+  inner.saddr = htonl(to);
+  inner.daddr = htonl(about);
+  std::array<std::uint8_t, sizeof(iphdr)> inner_bytes{};
+  std::memcpy(inner_bytes.data(), &inner, sizeof inner);
+  inner.check = htons(internet_checksum(inner_bytes));
+  std::memcpy(packet.data() + icmp + 8, &inner, sizeof inner);
+  udphdr udp{};
+  udp.source = htons(4791);
+  udp.dest = htons(4791);
+  udp.len = htons(static_cast<std::uint16_t>(inner_udp));
+  std::memcpy(packet.data() + icmp + 8 + sizeof(iphdr), &udp, sizeof udp);
+  std::memcpy(packet.data() + icmp + 8 + sizeof(iphdr) + sizeof(udphdr), quoted.data(), quoted.size());
+  const std::uint16_t checksum = internet_checksum(packet.subspan(icmp));
+  packet[icmp + 2] = static_cast<std::uint8_t>(checksum >> 8);
+  packet[icmp + 3] = static_cast<std::uint8_t>(checksum);
+  sockaddr_in destination{};
+  destination.sin_family = AF_INET;
+  destination.sin_addr.s_addr = htonl(to);
+  return ::sendto(raw, packet.data(), packet.size(), 0, reinterpret_cast<const sockaddr*>(&destination),
+                  sizeof destination) == static_cast<ssize_t>(packet.size());
+}
+
+// What is trusted (docs/reliability.md, "Dead peers (RoCE)"): our REQ sits unanswered at a
+// socket that holds the peer's RoCE port. A port unreachable that quotes it exactly but comes
+// from a third address changes nothing and is counted as ignored; the same error from the
+// peer's own address ends the attempt at once. The second half is the trade-off the page
+// states: whoever can send with the peer's address (here a raw socket, CAP_NET_RAW) can end
+// an attempt of ours to that peer, and only that.
+TEST(RoceDeadPeer, PortUnreachableCountsOnlyFromThePeersOwnAddress) {
+  const int raw = ::socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
+  if (raw < 0) GTEST_SKIP() << "no raw socket (needs CAP_NET_RAW) to forge ICMP errors with";
+  const sockaddr_in peer = random_loopback(7474);
+  const int holder = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in port = peer;
+  port.sin_port = htons(4791);
+  ASSERT_EQ(::bind(holder, reinterpret_cast<const sockaddr*>(&port), sizeof port), 0);
+  timeval wait{.tv_sec = 5, .tv_usec = 0};
+  ::setsockopt(holder, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+
+  Side survivor;
+  auto id = routed_roce_id(survivor, peer);
+  ASSERT_TRUE(id->connect({}));
+  std::array<std::uint8_t, 512> request{};
+  sockaddr_in from{};
+  socklen_t length = sizeof from;
+  const ssize_t size = ::recvfrom(holder, request.data(), request.size(), 0, reinterpret_cast<sockaddr*>(&from), &length);
+  ASSERT_GT(size, 64);
+  const auto quoted = std::span<const std::uint8_t>(request.data(), static_cast<std::size_t>(size));
+  const std::uint32_t us = ntohl(from.sin_addr.s_addr);
+  const std::uint32_t them = ntohl(peer.sin_addr.s_addr);
+
+  const auto before = detail::roce::port_unreachable_counts(*survivor.context);
+  ASSERT_TRUE(forge_port_unreachable(raw, (127u << 24) | 0x090909, us, them, quoted));
+  EXPECT_FALSE(survivor.channel->get_event(300ms).has_value()) << "an error from a third address ended the attempt";
+  const auto third = detail::roce::port_unreachable_counts(*survivor.context);
+  EXPECT_EQ(third.taken, before.taken);
+  EXPECT_EQ(third.ignored, before.ignored + 1);
+
+  ASSERT_TRUE(forge_port_unreachable(raw, them, us, them, quoted));
+  auto event = survivor.channel->get_event(2s);
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(to_string(event->type), to_string(CmEventType::unreachable));
+  EXPECT_EQ(event->id, id.get());
+  EXPECT_EQ(detail::roce::port_unreachable_counts(*survivor.context).taken, third.taken + 1);
+  ::close(holder);
+  ::close(raw);
 }
 
 }  // namespace
