@@ -91,6 +91,12 @@ struct MeshOptions {
   std::uint32_t recv_depth = 16;
   // CmOption::crc for every id; negative: the library default.
   std::int64_t crc = -1;
+  // Every peer listens before this rank learns its address (a job that exchanges listening
+  // addresses, as `peercm mesh` does). An attempt that finds nobody listening at a peer's
+  // address (REJECTED refused, UNREACHABLE) then means that the peer is gone: it is failed at
+  // once (failed()) instead of retried until connect_timeout. Off: such attempts are retried, for
+  // peers that may not listen yet.
+  bool peers_listen_first = false;
 };
 
 inline constexpr std::uint32_t kMeshMaxMessageSize = 1u << 24;
@@ -186,6 +192,9 @@ class Mesh {
   Status<std::errc> wait_connected(int rank, std::chrono::milliseconds timeout);
 
   bool connected(int rank) const;
+  // Why `rank` was given up on (no connection within connect_timeout, or gone: see
+  // MeshOptions::peers_listen_first); nothing while it is not.
+  std::optional<std::errc> failed(int rank) const;
   std::vector<MeshConnection> connections() const;
   MeshStats stats() const;
   Context& context();

@@ -413,6 +413,16 @@ struct Mesh::Impl {
     }
   }
 
+  // MeshOptions::peers_listen_first: our attempt found nobody listening at the peer's address,
+  // where the peer listened before we learnt it: the peer is gone, and retrying cannot help.
+  bool peer_gone(Conn& c, std::errc error) {
+    if (!options.peers_listen_first || !c.initiated || c.state == Conn::State::established) return false;
+    Peer& p = peers[static_cast<std::size_t>(c.rank)];
+    on_connection_ended(c);
+    fail_peer(p, error);
+    return true;
+  }
+
   // ------------------------------------------------------------------ events
 
   void handle_event(CmEvent& event) {
@@ -437,11 +447,15 @@ struct Mesh::Impl {
         return;
       case CmEventType::rejected:
         ++stats.rejects_received[static_cast<std::size_t>(event.reject_reason) & 7u];
+        if (event.reject_reason == RejectReason::refused && peer_gone(c, std::errc::connection_refused)) return;
+        on_connection_ended(c);
+        return;
+      case CmEventType::unreachable:
+        if (peer_gone(c, std::errc::host_unreachable)) return;
         on_connection_ended(c);
         return;
       case CmEventType::addr_error:
       case CmEventType::route_error:
-      case CmEventType::unreachable:
       case CmEventType::connect_error:
       case CmEventType::disconnected:
         on_connection_ended(c);
@@ -962,6 +976,11 @@ bool Mesh::connected(int rank) const {
   if (rank == impl_->rank) return true;
   const auto& p = impl_->peers[static_cast<std::size_t>(rank)];
   return p.active && p.active->state == Impl::Conn::State::established;
+}
+
+std::optional<std::errc> Mesh::failed(int rank) const {
+  if (rank < 0 || rank >= impl_->size || rank == impl_->rank) return std::nullopt;
+  return impl_->peers[static_cast<std::size_t>(rank)].failed;
 }
 
 std::vector<MeshConnection> Mesh::connections() const {

@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <barrier>
 #include <cstring>
@@ -41,11 +43,12 @@ void start_roce_client(Side& client, const sockaddr_in& address, const ConnParam
   EXPECT_TRUE(client.id->connect(param));
 }
 
-// An id of `client` resolved towards a random 127/8 address where nobody is, with its QP.
-void resolve_towards_nobody(Side& client, bool p2p) {
+// An id of `client` resolved towards `to` (a random 127/8 address where nobody is), with
+// its QP.
+void resolve_towards_nobody(Side& client, bool p2p, const sockaddr_in& to = random_loopback(7471)) {
   client.id = roce_id(client);
   ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, p2p ? 1 : 0));
-  ASSERT_TRUE(client.id->resolve_addr(random_loopback(7471)));
+  ASSERT_TRUE(client.id->resolve_addr(to));
   expect_event(*client.channel, CmEventType::addr_resolved);
   ASSERT_TRUE(client.id->resolve_route());
   expect_event(*client.channel, CmEventType::route_resolved);
@@ -344,7 +347,8 @@ TEST(Roce, ListenerOnAnyAddressTakesRequestsAtEveryAddress) {
 }
 
 TEST(Roce, NobodyAtTheAddressIsUnreachable) {
-  // Short CM timers: 4.096 us * 2^14 = 67 ms per try, two retries.
+  // Short CM timers: 4.096 us * 2^14 = 67 ms per try, two retries. (The host's port
+  // unreachable for the first REQ ends it sooner.)
   ContextOptions options;
   options.roce.cm_packet_lifetime = 10;
   options.roce.cm_response_timeout = 14;
@@ -474,8 +478,16 @@ TEST(Roce, OneSourceHoldsAtMostItsShareOfTheBacklog) {
 // answers the REQ, and CONNECT_ERROR comes at the id's deadline, long before the agent's
 // 10 s default or the end of the CM's REQ retries.
 TEST(Roce, P2pAttemptEndsAtTheIdsConnectTimeout) {
+  // A socket holds the RoCE port there and reads nothing: the REQs vanish. (Where nobody
+  // holds it, the host's port unreachable ends the attempt at once: RoceDeadPeer.*.)
+  const sockaddr_in silent = random_loopback(7471);
+  const int holder = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in port = silent;
+  port.sin_port = htons(4791);
+  ASSERT_EQ(::bind(holder, reinterpret_cast<const sockaddr*>(&port), sizeof port), 0);
   Side client;
-  resolve_towards_nobody(client, true);
+  resolve_towards_nobody(client, true, silent);
   ASSERT_TRUE(client.id->set_option(CmOption::connect_timeout, 300));
   const auto start = std::chrono::steady_clock::now();
   ASSERT_TRUE(client.id->connect({}));
@@ -484,6 +496,7 @@ TEST(Roce, P2pAttemptEndsAtTheIdsConnectTimeout) {
   EXPECT_EQ(failed.reject_reason, RejectReason::timeout);
   EXPECT_GE(took, 300ms);
   EXPECT_LT(took, 5s);
+  ::close(holder);
 }
 
 TEST(Roce, SocketsCloseWithTheirContexts) {

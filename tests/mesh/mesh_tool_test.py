@@ -11,12 +11,15 @@
         p2p:         exactly N(N-1)/2 connections and no duplicates: the CM resolved every
                      collision (design.md §3). This needs the p2p resolver in the CM.
 
-  mesh_tool_test.py --peercm PATH --ranks N --model M --crash-rank K
+  mesh_tool_test.py --peercm PATH --ranks N --model M --crash-rank K [--end-within S]
       Rank K exits abruptly after the start barrier: the job must end quickly with a
-      non-zero status and JSON that says it failed (no hang, no stray processes).
+      non-zero status and JSON that says it failed (no hang, no stray processes), and
+      with --end-within, at most S seconds after the rank's crash (the rank prints the
+      CLOCK_MONOTONIC reading it crashed at).
 """
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -29,7 +32,7 @@ def fail(message):
     sys.exit(1)
 
 
-def run(args, extra):
+def run(args, extra, ended=None):
     cmd = [args.peercm, "mesh", "--ranks", str(args.ranks), "--model", args.model, "--transport", args.transport,
            "--json", "--timeout", str(args.timeout)] + extra
     start = time.monotonic()
@@ -38,6 +41,8 @@ def run(args, extra):
     except subprocess.TimeoutExpired:
         fail(f"did not finish within {args.deadline} s: {' '.join(cmd)}")
     elapsed = time.monotonic() - start
+    if ended is not None:
+        ended.append(time.monotonic())
     sys.stderr.write(proc.stderr)
     print(proc.stdout.strip())
     print(f"exit status {proc.returncode} after {elapsed:.2f} s")
@@ -45,11 +50,11 @@ def run(args, extra):
         summary = json.loads(proc.stdout)
     except json.JSONDecodeError as e:
         fail(f"output is not JSON ({e}): {proc.stdout!r}")
-    return proc.returncode, summary
+    return proc.returncode, summary, proc.stderr
 
 
 def check_run(args):
-    status, s = run(args, [])
+    status, s, _ = run(args, [])
     n = args.ranks
     pairs = n * (n - 1) // 2
     fields = {"ranks": int, "model": str, "transport": str, "connections": int, "expected_connections": int, "duplicates": int,
@@ -91,9 +96,18 @@ def check_run(args):
 
 def check_crash(args):
     start = time.monotonic()
-    status, s = run(args, ["--crash-rank", str(args.crash_rank)])
+    ended = []
+    status, s, stderr = run(args, ["--crash-rank", str(args.crash_rank)], ended)
     if status == 0 or s.get("ok") is not False or not s.get("errors"):
         fail(f"a crashed rank went unnoticed: status {status}, {s}")
+    if args.end_within is not None:
+        crashed = re.search(r"crashing at monotonic ([0-9.]+)", stderr)
+        if not crashed:
+            fail("the crashing rank did not say when it crashed")
+        after = ended[0] - float(crashed.group(1))
+        print(f"the job ended {after:.3f} s after rank {args.crash_rank} crashed")
+        if after > args.end_within:
+            fail(f"the job ended {after:.3f} s after the crash, allowed {args.end_within} s")
     if time.monotonic() - start > args.timeout:
         fail("the job outlived its --timeout")
     # No rank may survive the job.
@@ -114,6 +128,8 @@ def main():
     parser.add_argument("--timeout", type=float, default=6.0)
     parser.add_argument("--deadline", type=float, default=DEADLINE, help="seconds before the run is killed")
     parser.add_argument("--crash-rank", type=int, default=-1)
+    parser.add_argument("--end-within", type=float, default=None,
+                        help="with --crash-rank: seconds from the crash by which the job must have ended")
     args = parser.parse_args()
     if args.crash_rank >= 0:
         check_crash(args)

@@ -24,12 +24,18 @@
 //                                         ids without a QP, distinct p2p tags. Reports "started"
 //                                         after the first, then "done <sent> refused <n>"
 //                                         (iWARP: closed by the listener; RoCE: REJECTED)
+//   roce-p2p <address> <port>             peercm RoCE node listening on <address>:<port>
+//                                         (p2p on, the default); reports "listening", accepts
+//                                         every CONNECT_REQUEST ("established accepted"), and
+//                                         on the stdin line "connect <address> <port>" connects
+//                                         ("established connecting", or "event <type>")
 //   fd-limited-server <nofile>            peercm iWARP server under RLIMIT_NOFILE <nofile>:
 //                                         accepts every request with a receive posted, and
 //                                         reports "established <n> pauses <accept_pauses>"
 //                                         and "received <n>"
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -143,6 +149,63 @@ int roce_client(const char* address, std::uint16_t port) {
   next_event(*channel, CmEventType::established);
   say("established");
   block();
+}
+
+int roce_p2p(const char* address, std::uint16_t port) {
+  auto context = std::move(Context::open().value());
+  auto channel = std::move(EventChannel::create().value());
+  auto pd = std::move(ProtectionDomain::allocate(*context).value());
+  auto cq = std::move(CompletionQueue::create(*context, 64).value());
+  auto listener = std::move(CmId::create(*context, *channel, nullptr, Transport::roce).value());
+  sockaddr_in own = loopback(port);
+  if (::inet_pton(AF_INET, address, &own.sin_addr) != 1) die("address");
+  if (!listener->bind(own) || !listener->listen(16)) die("listen");
+  say("listening");
+  std::vector<std::unique_ptr<CmId>> ids;
+  CmId* connecting = nullptr;
+  std::string line;
+  for (;;) {
+    while (auto event = channel->get_event(0ms)) {
+      if (event->type == CmEventType::connect_request) {
+        auto id = std::move(event->new_id);
+        if (!id || !id->create_qp(*pd, qp_attr(*cq)) || !id->accept({})) die("accept");
+        ids.push_back(std::move(id));
+        continue;
+      }
+      if (event->type == CmEventType::established) {
+        say(event->id == connecting ? "established connecting" : "established accepted");
+        continue;
+      }
+      if (event->type == CmEventType::addr_resolved || event->type == CmEventType::route_resolved) {
+        if (event->id != connecting) continue;
+        if (event->type == CmEventType::addr_resolved) {
+          if (!connecting->resolve_route()) die("resolve_route");
+        } else if (!connecting->create_qp(*pd, qp_attr(*cq)) || !connecting->connect({})) {
+          die("connect");
+        }
+        continue;
+      }
+      say(std::string("event ") + std::string(to_string(event->type)));
+    }
+    pollfd input{0, POLLIN, 0};
+    if (::poll(&input, 1, 5) <= 0) continue;
+    char c;
+    if (::read(0, &c, 1) <= 0) ::_exit(0);
+    if (c != '\n') {
+      line.push_back(c);
+      continue;
+    }
+    char to_address[64] = {};
+    unsigned to_port = 0;
+    if (std::sscanf(line.c_str(), "connect %63s %u", to_address, &to_port) == 2 && !connecting) {
+      sockaddr_in to = loopback(static_cast<std::uint16_t>(to_port));
+      if (::inet_pton(AF_INET, to_address, &to.sin_addr) != 1) die("address");
+      ids.push_back(std::move(CmId::create(*context, *channel, nullptr, Transport::roce).value()));
+      connecting = ids.back().get();
+      if (!connecting->resolve_addr(to)) die("resolve_addr");
+    }
+    line.clear();
+  }
 }
 
 int fd_limited_server(rlim_t nofile) {
@@ -415,6 +478,7 @@ int main(int argc, char** argv) {
   if (args.size() == 2 && args[0] == "mpa-initiator") return mpa_initiator(port_arg(argv[2]));
   if (args.size() == 1 && args[0] == "mpa-responder") return mpa_responder();
   if (args.size() == 3 && args[0] == "roce-client") return roce_client(argv[2], port_arg(argv[3]));
+  if (args.size() == 3 && args[0] == "roce-p2p") return roce_p2p(argv[2], port_arg(argv[3]));
   if (args.size() == 2 && args[0] == "fd-limited-server") return fd_limited_server(std::strtoull(argv[2], nullptr, 10));
   if (args.size() == 4 && args[0] == "rdma-server")
     return rdma_server(args[1], std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10));

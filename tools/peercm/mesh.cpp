@@ -208,6 +208,15 @@ std::vector<std::vector<std::uint8_t>> run_rank(mesh::Bootstrap& boot, const Mes
   options.crc = crc_option(o.crc).value_or(-1);
   options.connect_timeout = std::clamp(std::chrono::duration_cast<milliseconds>(left_until(data_deadline) / 2),
                                        milliseconds(500), milliseconds(10000));
+  // Every rank listens before the address exchange: an attempt that finds nobody listening
+  // means that rank died, and the job ends instead of waiting out its deadline. Over RoCE a
+  // dead rank is heard of within 1 s (docs/reliability.md, "Dead peers"): a REQ to it bounces
+  // at once, a REQ it took with it is resent after 0.67 s (packet lifetime 67 ms, response
+  // timeout 537 ms) and bounces then, and an idle connection is probed after 200 ms.
+  options.peers_listen_first = true;
+  options.context.roce.cm_packet_lifetime = 14;
+  options.context.roce.cm_response_timeout = 17;
+  options.context.roce.keepalive_interval = milliseconds(200);
   std::unique_ptr<Mesh> mesh;
   std::vector<sockaddr_in> addresses(static_cast<std::size_t>(n), sockaddr_in{});
   // No --bind: the Mesh chooses (127.0.0.1 over iWARP, a random 127/8 address over RoCE).
@@ -245,7 +254,14 @@ std::vector<std::vector<std::uint8_t>> run_rank(mesh::Bootstrap& boot, const Mes
 
   // 2. All sends at the same moment, then receive, verify and flush.
   collective(boot, mesh.get(), {}, deadline, "start barrier");
-  if (rank == o.crash_rank) ::_exit(9);
+  if (rank == o.crash_rank) {
+    // Tests measure how long the others take to notice, from this clock reading
+    // (CLOCK_MONOTONIC, which every process of the host shares).
+    const auto at = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    fmt::print(stderr, "peercm mesh rank {}: crashing at monotonic {:.6f}\n", rank, at);
+    std::fflush(stderr);
+    ::_exit(9);
+  }
   const auto start = Clock::now();
   std::uint32_t verified = 0;
   std::optional<std::int64_t> time_to_mesh_us;
@@ -258,9 +274,22 @@ std::vector<std::vector<std::uint8_t>> run_rank(mesh::Bootstrap& boot, const Mes
     std::vector<bool> got(static_cast<std::size_t>(n), false);
     got[static_cast<std::size_t>(rank)] = true;
     int missing = n - 1;
-    while (missing > 0 && Clock::now() < data_deadline) {
-      auto message = mesh->recv(left_until(data_deadline));
-      if (!message) break;
+    // A rank the mesh gave up on sends nothing more: the wait ends once every rank still
+    // missing is one of those.
+    auto all_missing_failed = [&] {
+      for (int r = 0; r < n; ++r)
+        if (!got[static_cast<std::size_t>(r)] && !mesh->failed(r)) return false;
+      return true;
+    };
+    while (missing > 0 && Clock::now() < data_deadline && !all_missing_failed()) {
+      // A missing rank must have a connection (or an attempt) to send on: one whose
+      // connection ended (its QP failed: the rank may have died) is connected to again,
+      // which a dead rank refuses at once (MeshOptions::peers_listen_first).
+      for (int r = 0; r < n; ++r)
+        if (!got[static_cast<std::size_t>(r)] && !mesh->connected(r) && !mesh->failed(r))
+          (void)mesh->wait_connected(r, milliseconds(0));
+      auto message = mesh->recv(std::min(milliseconds(20), left_until(data_deadline)));
+      if (!message) continue;
       const auto from = static_cast<std::size_t>(message->rank);
       if (message->rank < 0 || message->rank >= n || got[from]) {
         error(fmt::format("unexpected message from rank {}", message->rank));
@@ -274,8 +303,12 @@ std::vector<std::vector<std::uint8_t>> run_rank(mesh::Bootstrap& boot, const Mes
         error(fmt::format("message from rank {} failed verification: {}", message->rank, why));
       }
     }
-    for (int r = 0; r < n; ++r)
-      if (!got[static_cast<std::size_t>(r)]) error(fmt::format("no message from rank {}", r));
+    for (int r = 0; r < n; ++r) {
+      if (got[static_cast<std::size_t>(r)]) continue;
+      const auto why = mesh->failed(r);
+      error(why ? fmt::format("no message from rank {}: gave up on it: {}", r, errc_text(*why))
+                : fmt::format("no message from rank {}", r));
+    }
     if (auto ok = mesh->flush(left_until(data_deadline)); !ok)
       error(fmt::format("flush: {}", errc_text(ok.error())));
     for (int r = 0; r < n; ++r)

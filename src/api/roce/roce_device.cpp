@@ -2,7 +2,9 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <linux/errqueue.h>
 #include <net/if.h>
+#include <netinet/ip_icmp.h>
 #include <netinet/udp.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -16,6 +18,8 @@
 #include "api/context_impl.hpp"
 #include "api/queue_pair_impl.hpp"
 #include "api/roce/roce_cm.hpp"
+#include "api/roce/roce_qp.hpp"
+#include "engine/log.hpp"
 #include "wire/ibcm/gsi.hpp"
 #include "wire/roce/bth.hpp"
 
@@ -40,6 +44,9 @@ int open_socket(Ipv4 address, std::errc& error) {
   // on_readable(). A kernel without it hands them over one by one.
   int on = 1;
   ::setsockopt(fd, SOL_UDP, UDP_GRO, &on, sizeof on);
+  // ICMP errors for what we sent come to the error queue (on_error_queue): a port
+  // unreachable from a peer's host says its node is gone (docs/reliability.md, "Dead peers").
+  ::setsockopt(fd, IPPROTO_IP, IP_RECVERR, &on, sizeof on);
   // A window of full-PMTU packets arrives at once; without room the kernel drops them and
   // RC waits out its ACK timer. FORCE needs CAP_NET_ADMIN; the plain option is capped.
   int buffer = 8 << 20;
@@ -124,7 +131,7 @@ Result<RocePort*, std::errc> RoceDevice::port(Ipv4 address) {
   config.tid_high = random_u32();
   auto owned = std::make_unique<RocePort>(address, fd, config);
   RocePort* raw = owned.get();
-  auto added = ctx.reactor.add(fd, EPOLLIN, [this, raw](std::uint32_t) { on_readable(*raw); });
+  auto added = ctx.reactor.add(fd, EPOLLIN, [this, raw](std::uint32_t events) { on_readable(*raw, events); });
   if (!added) {
     ::close(fd);
     return fail(added.error());
@@ -318,9 +325,137 @@ void RoceDevice::add_stats(CmStats& stats) const {
   }
 }
 
-void RoceDevice::on_readable(RocePort& port) {
-  // A bounded number of batches per readiness: the other ports and the timer get their turn.
+namespace {
+
+// Which MAD of ours an ICMP error quotes: the error queue hands back the payload of the
+// datagram that bounced (ip(7), IP_RECVERR), i.e. BTH, DETH and the MAD. Its Local
+// Communication ID (the first word of every connection message, IB spec §12.6) names the
+// connection. Nothing when the bytes are no CM MAD of the connection protocol.
+std::optional<std::uint32_t> quoted_local_comm_id(std::span<const std::uint8_t> payload) {
+  constexpr std::size_t kMad = wire::roce::kBthSize + wire::roce::kDethSize;
+  constexpr std::size_t kMadHeader = 24;
+  if (payload.size() < kMad + kMadHeader + 4) return std::nullopt;
+  const std::uint32_t destination_qp = std::uint32_t{payload[5]} << 16 | std::uint32_t{payload[6]} << 8 | payload[7];
+  if (destination_qp != wire::ibcm::kGsiQpn) return std::nullopt;
+  const std::span<const std::uint8_t> mad = payload.subspan(kMad);
+  constexpr std::uint8_t kCmClass = 0x07;
+  const std::uint16_t attribute = static_cast<std::uint16_t>(mad[16] << 8 | mad[17]);
+  // REQ 0x0010 ... DREP 0x0016; SIDR (0x0017, 0x0018) carries a request ID instead.
+  if (mad[1] != kCmClass || attribute < 0x0010 || attribute > 0x0016) return std::nullopt;
+  return std::uint32_t{mad[kMadHeader]} << 24 | std::uint32_t{mad[kMadHeader + 1]} << 16 |
+         std::uint32_t{mad[kMadHeader + 2]} << 8 | mad[kMadHeader + 3];
+}
+
+// One ICMP port unreachable from the error queue of `fd` (ip(7), IP_RECVERR): the destination
+// of the datagram that bounced and as much of its payload as the error quoted. Only errors
+// the destination host reported about itself, for RoCE's port, come out: a router or a third
+// host cannot speak for the peer this way (one that forges the peer's address can:
+// docs/reliability.md, "Dead peers"). `ignored` counts the other errors read.
+struct PortUnreachable {
+  Ipv4 peer = 0;
+  std::array<std::uint8_t, 512> payload{};
+  std::size_t size = 0;
+};
+
+std::optional<PortUnreachable> next_port_unreachable(int fd, std::uint64_t& ignored, bool& empty) {
+  PortUnreachable out;
+  std::array<std::uint8_t, 256> control{};
+  sockaddr_in destination{};
+  iovec piece{out.payload.data(), out.payload.size()};
+  msghdr header{};
+  header.msg_name = &destination;
+  header.msg_namelen = sizeof destination;
+  header.msg_iov = &piece;
+  header.msg_iovlen = 1;
+  header.msg_control = control.data();
+  header.msg_controllen = control.size();
+  const ssize_t received = ::recvmsg(fd, &header, MSG_ERRQUEUE | MSG_DONTWAIT);
+  if (received < 0) {
+    empty = true;
+    return std::nullopt;
+  }
+  empty = false;
+  for (cmsghdr* cmsg = CMSG_FIRSTHDR(&header); cmsg != nullptr; cmsg = CMSG_NXTHDR(&header, cmsg)) {
+    if (cmsg->cmsg_level != IPPROTO_IP || cmsg->cmsg_type != IP_RECVERR) continue;
+    sock_extended_err error{};
+    std::memcpy(&error, CMSG_DATA(cmsg), sizeof error);
+    sockaddr_in offender{};
+    std::memcpy(&offender, SO_EE_OFFENDER(reinterpret_cast<sock_extended_err*>(CMSG_DATA(cmsg))), sizeof offender);
+    if (error.ee_origin != SO_EE_ORIGIN_ICMP || error.ee_type != ICMP_DEST_UNREACH ||
+        error.ee_code != ICMP_PORT_UNREACH || header.msg_namelen < sizeof destination ||
+        ntohs(destination.sin_port) != wire::roce::kRoceUdpPort || offender.sin_family != AF_INET ||
+        offender.sin_addr.s_addr != destination.sin_addr.s_addr)
+      break;
+    out.peer = ntohl(destination.sin_addr.s_addr);
+    out.size = static_cast<std::size_t>(received);
+    return out;
+  }
+  ++ignored;
+  return std::nullopt;
+}
+
+sockaddr_in peer_socket_address(Ipv4 address) {
+  sockaddr_in out{};
+  out.sin_family = AF_INET;
+  out.sin_port = htons(wire::roce::kRoceUdpPort);
+  out.sin_addr.s_addr = htonl(address);
+  return out;
+}
+
+// The DestQP of the BTH a bounced datagram starts with.
+std::optional<std::uint32_t> quoted_destination_qp(std::span<const std::uint8_t> payload) {
+  if (payload.size() < wire::roce::kBthSize) return std::nullopt;
+  return std::uint32_t{payload[5]} << 16 | std::uint32_t{payload[6]} << 8 | payload[7];
+}
+
+}  // namespace
+
+bool RoceDevice::on_error_queue(RocePort& port) {
+  // Every queued error is read: until the queue is empty the socket stays in EPOLLERR.
   bool any = false;
+  for (int guard = 0; guard < 64; ++guard) {
+    bool empty = false;
+    auto error = next_port_unreachable(port.fd, port_unreachable_ignored, empty);
+    if (empty) break;
+    if (!error) continue;
+    const auto comm = quoted_local_comm_id(std::span(error->payload.data(), error->size));
+    if (!comm) {
+      ++port_unreachable_ignored;
+      continue;
+    }
+    ++port_unreachable_taken;
+    PEERCM_LOG(info, "ibcm", "{}: port unreachable for a MAD of comm ID {:#x}: the peer's CM is gone",
+               log::address(peer_socket_address(error->peer)), *comm);
+    // The agent checks that this connection talks to that peer.
+    port.agent.handle_peer_unreachable(wire::ibcm::ipv4_mapped_gid(to_bytes(error->peer)), *comm, now());
+    any = true;
+  }
+  return any;
+}
+
+bool RoceDevice::peer_unreachable(RoceQp& qp) {
+  bool found = false;
+  for (int guard = 0; guard < 64; ++guard) {
+    bool empty = false;
+    auto error = next_port_unreachable(qp.send_fd, port_unreachable_ignored, empty);
+    if (empty) break;
+    if (!error) continue;
+    // The QP's socket sends to its peer alone; the bounced packet must be one of this
+    // connection's, to the peer's QP.
+    const auto destination_qp = quoted_destination_qp(std::span(error->payload.data(), error->size));
+    if (error->peer != qp.remote_address || !destination_qp || *destination_qp != qp.rc.remote_qpn()) {
+      ++port_unreachable_ignored;
+      continue;
+    }
+    ++port_unreachable_taken;
+    found = true;
+  }
+  return found;
+}
+
+void RoceDevice::on_readable(RocePort& port, std::uint32_t events) {
+  // A bounded number of batches per readiness: the other ports and the timer get their turn.
+  bool any = (events & EPOLLERR) && on_error_queue(port);
   for (int batch = 0; batch < 8; ++batch) {
     for (std::size_t i = 0; i < kBatch; ++i) {
       message_iovs_[i] = iovec{buffers_.get() + i * kBufferSize, kBufferSize};
@@ -333,6 +468,12 @@ void RoceDevice::on_readable(RocePort& port) {
       messages_[i].msg_hdr.msg_controllen = kControlSize;
     }
     const int received = ::recvmmsg(port.fd, messages_.data(), kBatch, MSG_DONTWAIT, nullptr);
+    // ECONNREFUSED: an ICMP error reported here instead of a datagram; it is in the error
+    // queue as well, and the datagrams behind it are still to read.
+    if (received < 0 && errno == ECONNREFUSED) {
+      any = on_error_queue(port) || any;
+      continue;
+    }
     if (received <= 0) break;
     any = true;
     const core::Time at = now();
@@ -400,7 +541,16 @@ void RoceDevice::on_timer() {
     auto qp = weak.lock();
     if (!qp || !qp->roce) continue;
     const auto deadline = qp->roce->rc.next_deadline();
-    if (deadline && *deadline <= at) qp->roce->rc.handle_timeout(at);
+    if (!deadline || *deadline > at) continue;
+    // A resend or keepalive probe is due: first, whether the last packets bounced off a
+    // closed port (the error waits in the QP socket's queue; reading it only here keeps
+    // the data path free of the extra system call).
+    if (qp->roce->send_fd >= 0 && peer_unreachable(*qp->roce)) {
+      PEERCM_LOG(info, "qp", "QP {} (RoCE RC): port unreachable at the peer: the peer is gone", qp->qp_num);
+      qp->roce->rc.handle_peer_unreachable(at);
+      continue;
+    }
+    qp->roce->rc.handle_timeout(at);
   }
   pump();
 }

@@ -36,6 +36,7 @@ struct QueuePairImpl;
 
 namespace peercm::detail::roce {
 
+struct RoceQp;
 struct RoceUdQp;
 struct RoceUcQp;
 
@@ -118,10 +119,19 @@ class RoceDevice {
   std::uint16_t p2p_listen_port = 0;
   // Datagrams to a QPN no QP of the context has: dropped and counted.
   std::uint64_t dropped_unknown_qp = 0;
+  // ICMP port unreachable errors on the CM sockets: handed to the agent (they matched the
+  // peer we sent to and quote a connection MAD), or ignored (docs/reliability.md, "Dead peers").
+  std::uint64_t port_unreachable_taken = 0;
+  std::uint64_t port_unreachable_ignored = 0;
   ContextImpl& ctx;
 
  private:
-  void on_readable(RocePort& port);
+  void on_readable(RocePort& port, std::uint32_t events);
+  // Reads the error queue of `port`'s socket; true when it handed the agent anything.
+  bool on_error_queue(RocePort& port);
+  // Whether `qp`'s socket holds an ICMP port unreachable for a packet to its peer's QP (the
+  // error queue is read empty).
+  bool peer_unreachable(RoceQp& qp);
   void on_datagram(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from, core::Time at);
   void on_timer();
   bool drain_agent(RocePort& port);

@@ -59,6 +59,10 @@ Result<std::unique_ptr<RoceQp>, std::errc> RoceQp::open(const core::roce::RcQpCo
   qp->send_fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (qp->send_fd < 0) return fail(static_cast<std::errc>(errno));
   forbid_fragments(qp->send_fd);
+  // ICMP errors for our packets wait in the socket's error queue (RoceDevice reads it when
+  // the QP's timer fires; docs/reliability.md, "Dead peers").
+  int on = 1;
+  ::setsockopt(qp->send_fd, IPPROTO_IP, IP_RECVERR, &on, sizeof on);
   int buffer = 4 << 20;
   if (::setsockopt(qp->send_fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0)
     ::setsockopt(qp->send_fd, SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);

@@ -253,4 +253,11 @@ std::uint64_t dropped_unknown_qp(Context& context) {
   return ctx.roce ? ctx.roce->dropped_unknown_qp : 0;
 }
 
+PortUnreachableCounts port_unreachable_counts(Context& context) {
+  ContextImpl& ctx = context.impl();
+  std::lock_guard lock(ctx.mutex);
+  if (!ctx.roce) return {};
+  return {.taken = ctx.roce->port_unreachable_taken, .ignored = ctx.roce->port_unreachable_ignored};
+}
+
 }  // namespace peercm::detail::roce

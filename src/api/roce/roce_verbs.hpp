@@ -89,5 +89,12 @@ core::roce::UcStats uc_stats(QueuePair& qp);
 core::roce::RcStats rc_stats(QueuePair& qp);
 // Datagrams the context dropped because no QP of it has their QPN.
 std::uint64_t dropped_unknown_qp(Context& context);
+// ICMP port unreachable errors the context took as a sign that a peer is gone (CM and QP
+// sockets; docs/reliability.md, "Dead peers"), and those it ignored.
+struct PortUnreachableCounts {
+  std::uint64_t taken = 0;
+  std::uint64_t ignored = 0;
+};
+PortUnreachableCounts port_unreachable_counts(Context& context);
 
 }  // namespace peercm::detail::roce

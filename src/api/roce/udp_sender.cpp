@@ -10,6 +10,12 @@ namespace peercm::detail::roce {
 
 namespace {
 
+// The errors a send reports when an ICMP error for an earlier datagram is pending on an
+// IP_RECVERR socket (port, host or network unreachable).
+bool reported_icmp_error(int error) {
+  return error == ECONNREFUSED || error == EHOSTUNREACH || error == ENETUNREACH || error == EHOSTDOWN;
+}
+
 constexpr std::size_t kControlSize = CMSG_SPACE(sizeof(std::uint16_t));
 
 bool same_destination(const sockaddr_in& a, const sockaddr_in& b) {
@@ -95,6 +101,7 @@ void UdpSender::send_run(std::size_t first, std::size_t last) {
     }
   }
   std::size_t next = 0;
+  int refused_retries = 0;
   while (next < count) {
     ++system_calls_;
     const int sent = ::sendmmsg(messages_[first].fd, headers_.data() + next, static_cast<unsigned>(count - next),
@@ -105,6 +112,14 @@ void UdpSender::send_run(std::size_t first, std::size_t last) {
     }
     const int error = errno;
     if (sent < 0 && error == EINTR) continue;
+    // A socket with IP_RECVERR reports an ICMP error that arrived for an earlier datagram
+    // (to any peer) on its next send, which then sends nothing; the error itself waits in
+    // the error queue for the reader. Reporting it cleared it: the send goes again. (A route
+    // that is really missing fails the same way each time: a few tries, then it counts.)
+    if (sent < 0 && reported_icmp_error(error) && refused_retries < 4) {
+      ++refused_retries;
+      continue;
+    }
     // headers_[next] failed alone: a GSO send the kernel cannot do goes out datagram by
     // datagram; any other refusal loses that message (its datagrams are resent by RC/CM).
     const Message& failed = messages_[first + next];
@@ -128,7 +143,9 @@ void UdpSender::send_segments(const Message& message) {
     header.msg_iov = &piece;
     header.msg_iovlen = 1;
     ++system_calls_;
-    if (::sendmsg(message.fd, &header, MSG_DONTWAIT) < 0) ++send_failures_;
+    ssize_t sent = ::sendmsg(message.fd, &header, MSG_DONTWAIT);
+    if (sent < 0 && reported_icmp_error(errno)) sent = ::sendmsg(message.fd, &header, MSG_DONTWAIT);  // as above
+    if (sent < 0) ++send_failures_;
   }
 }
 

@@ -546,6 +546,15 @@ void IbCmAgent::index_remote(std::uint32_t comm) {
 }
 
 // Passes a connection's MADs on and its events up, re-indexes its timer, frees it once done.
+void IbCmAgent::handle_peer_unreachable(const Gid& peer, std::uint32_t local_comm_id, Time now) {
+  auto it = conns_.find(local_comm_id);
+  if (it == conns_.end()) return;
+  const IbCmState before = it->second.cm.state();
+  it->second.cm.handle_peer_unreachable(peer, now);
+  if (it->second.cm.state() != before) ++stats_.peer_unreachable;
+  sync(local_comm_id, now);
+}
+
 void IbCmAgent::sync(std::uint32_t comm, Time now) {
   for (;;) {
     auto it = conns_.find(comm);

@@ -159,6 +159,7 @@ struct IbCmAgentStats {
   std::uint64_t sidr_flood_dropped = 0;  // SIDR_REQs beyond kMaxSidrPending
   std::uint64_t sidr_no_service = 0;     // answered with status service_unsupported
   std::uint64_t rejected_address = 0;    // a REQ (REJ 12) or SIDR_REQ (status rejected) naming another address than its source
+  std::uint64_t peer_unreachable = 0;    // exchanges ended by handle_peer_unreachable
 };
 
 class IbCmAgent : private P2pBinding {
@@ -199,6 +200,13 @@ class IbCmAgent : private P2pBinding {
   // connection go there).
   void handle_mad(const Gid& from, std::span<const std::uint8_t> mad, Time now);
   void handle_timeout(Time now);
+  // The host of `peer` reported our MAD to it undeliverable: nobody holds its CM port (an ICMP
+  // port unreachable that the I/O layer matched to the MAD it quotes, whose Local
+  // Communication ID is `local_comm_id`; docs/reliability.md, "Dead peers"). The exchange of
+  // that connection, if it waits for `peer`, ends at once as if its resends had run out: an
+  // attempt UNREACHABLE, an accepted request CONNECT_ERROR, a DREQ to TIMEWAIT. Nothing else
+  // changes, so a forged error can end no exchange with another peer.
+  void handle_peer_unreachable(const Gid& peer, std::uint32_t local_comm_id, Time now);
 
   // --- outputs ---
   std::optional<OutboundMad> poll_mad();

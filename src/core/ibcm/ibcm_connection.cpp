@@ -452,6 +452,23 @@ void IbCmConnection::handle_timeout(Time now) {
   }
 }
 
+void IbCmConnection::handle_peer_unreachable(const Gid& peer, Time now) {
+  if (resend_.destination != peer) return;
+  switch (state_) {
+    case IbCmState::req_sent:
+    case IbCmState::mra_req_rcvd:
+    case IbCmState::rep_sent:
+    case IbCmState::mra_rep_rcvd:
+    case IbCmState::dreq_sent:
+      retries_left_ = 0;
+      deadline_.reset();
+      resend_or_give_up(now);
+      return;
+    default:
+      return;
+  }
+}
+
 void IbCmConnection::resend_or_give_up(Time now) {
   if (retries_left_ > 0 && may_answer()) {
     --retries_left_;

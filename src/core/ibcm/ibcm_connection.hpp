@@ -51,6 +51,12 @@ class IbCmConnection {
   void handle_dreq(const wire::ibcm::CmDreq& dreq, std::uint64_t tid, Time now);
   void handle_drep(const wire::ibcm::CmDrep& drep, Time now);
   void handle_timeout(Time now);
+  // The host of `peer` says nobody holds its CM port any more: an ICMP port unreachable that
+  // quotes a MAD of this connection (docs/reliability.md, "Dead peers"). Resending would only
+  // hear that again, so a connection waiting for `peer` gives up now, as when its retries run
+  // out (§4.9: REQ_SENT/MRA_REQ_RCVD → timed_out, REP_SENT/MRA_REP_RCVD → timed_out, DREQ_SENT →
+  // TIMEWAIT). Any other state, or another peer, is left alone.
+  void handle_peer_unreachable(const Gid& peer, Time now);
 
   // --- outputs ---
   std::optional<OutboundMad> poll_mad();

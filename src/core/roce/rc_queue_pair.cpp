@@ -204,6 +204,13 @@ void RcQueuePair::handle_timeout(Time now) {
   after_input();
 }
 
+void RcQueuePair::handle_peer_unreachable(Time now) {
+  now_ = std::max(now_, now);
+  if (state_ == QpState::error || !connected_) return;
+  fail_requester(RcErrorCause::retry_exceeded, una_psn_);
+  after_input();
+}
+
 void RcQueuePair::modify_to_error() {
   enter_error(RcEvent{RcErrorCause::modified_to_error});
   after_input();

@@ -63,6 +63,12 @@ class RcQueuePair {
   void handle_timeout(Time now);
   // The owner moves the QP to ERROR (modify_qp): everything outstanding flushes.
   void modify_to_error();
+  // The peer's host reported a packet of ours undeliverable because nobody receives RoCE on
+  // it any more (an ICMP port unreachable; docs/reliability.md, "Dead peers"). Every resend
+  // would meet the same closed port, so the requester fails now as when its retries run out:
+  // ERROR with retry_exceeded, the oldest unacknowledged WR completing with that status.
+  // No-op before the QP is connected or once it is in ERROR.
+  void handle_peer_unreachable(Time now);
 
   // --- outputs ---
   // The next datagram as one UDP payload, copied into `out` (at least max_datagram_size()
@@ -79,6 +85,8 @@ class RcQueuePair {
   std::optional<RcEvent> poll_event();
   QpState state() const { return state_; }
   const RcStats& stats() const { return stats_; }
+  // The peer's QPN once connected (0 before).
+  std::uint32_t remote_qpn() const { return connected_ ? params_.remote_qpn : 0; }
 
   // Driver contract: call poll_datagram() until it yields nothing after every input, and
   // handle_timeout() at next_deadline(). Time only moves forward; each input carries it.

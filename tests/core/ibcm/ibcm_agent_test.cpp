@@ -146,6 +146,48 @@ TEST_F(ClientServer, UnansweredReqEndsUnreachableAfterMaxRetriesWithRejTimeout) 
   expect_everything_gone();
 }
 
+// docs/reliability.md, "Dead peers (RoCE)": the server's host reports our REQ undeliverable
+// (ICMP port unreachable). The attempt ends UNREACHABLE at once, without a resend; an error that
+// names another peer or another exchange changes nothing.
+TEST_F(ClientServer, PortUnreachableFromThePeerEndsTheAttemptAtOnce) {
+  net.filter = [](int from, int, const OutboundMad&) { return from == kClient ? 0 : 1; };
+  const IbCmId id = connect();
+  net.run_for(1ms);
+  const IbCmConnection* connection = net.agent(kClient).connection_of(id);
+  ASSERT_NE(connection, nullptr);
+  const std::uint32_t comm = connection->local_comm_id();
+  const Gid server = w::ipv4_mapped_gid(Fabric::address(kServer));
+  const Gid elsewhere = w::ipv4_mapped_gid(Fabric::address(7));
+  net.agent(kClient).handle_peer_unreachable(elsewhere, comm, net.now);
+  net.agent(kClient).handle_peer_unreachable(server, comm + 1, net.now);
+  net.run_for(1ms);
+  EXPECT_EQ(net.find(kClient, EventKind::unreachable, id), nullptr);
+  EXPECT_EQ(net.agent(kClient).stats().peer_unreachable, 0u);
+
+  net.agent(kClient).handle_peer_unreachable(server, comm, net.now);
+  net.run_for(1ms);
+  EXPECT_NE(net.find(kClient, EventKind::unreachable, id), nullptr);
+  EXPECT_EQ(net.agent(kClient).stats().peer_unreachable, 1u);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], 1);  // no resend
+  expect_everything_gone();
+}
+
+// The same for an accepted request whose REP bounces: CONNECT_ERROR on the server at once.
+TEST_F(ClientServer, PortUnreachableForTheRepEndsTheAcceptedRequest) {
+  net.filter = [](int from, int, const OutboundMad&) { return from == kServer ? 0 : 1; };
+  connect();
+  accept_all(1ms, 3);
+  ASSERT_EQ(accepted_.size(), 1u);
+  const IbCmId request = *accepted_.begin();
+  const IbCmConnection* connection = net.agent(kServer).connection_of(request);
+  ASSERT_NE(connection, nullptr);
+  net.agent(kServer).handle_peer_unreachable(w::ipv4_mapped_gid(Fabric::address(kClient)),
+                                             connection->local_comm_id(), net.now);
+  net.run_for(1ms);
+  EXPECT_EQ(net.count(kServer, EventKind::connect_error), 1);
+  EXPECT_EQ(net.sent[w::CmAttribute::rep], 1);
+}
+
 TEST_F(ClientServer, DeadPathAfterReqTimesOutBothSides) {
   bool dead = false;
   net.filter = [&](int, int, const OutboundMad& mad) {

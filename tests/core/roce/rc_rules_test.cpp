@@ -316,6 +316,39 @@ TEST(RcRules, RnrRetryExhaustedFailsTheWrAndFlushesTheRest) {
 // Keepalive: an idle pair probes each other and stays connected, with nothing completed,
 // consumed or moved at either end; once B is gone, A ends with retry_exceeded after the
 // interval and retry_cnt + 1 unanswered probes, one local ACK timeout apart.
+// docs/reliability.md, "Dead peers (RoCE)": the peer's host reported our packets undeliverable.
+// The requester fails at once as when its retries run out: the oldest WR completes with
+// retry_exceeded, the rest flush, one event. Before the QP is connected, and once it is in
+// ERROR, the input changes nothing.
+TEST(RcRules, PeerUnreachableEndsTheQpAsRetriesExceeded) {
+  PairParams p = pair_params();
+  Wire wire(p);
+  Mr src = wire.a.reg(64);
+  ASSERT_TRUE(wire.a.recv(9, {src.sge(32, 32)}));
+  wire.filter = [](int from, const w::PacketView&) { return from != 0; };  // A's packets are lost
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 10)}, kSendSignaled));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::send, {src.sge(10, 10)}, kSendSignaled));
+  wire.settle();
+  EXPECT_TRUE(wire.a.scq.wcs.empty());
+  wire.a.qp.handle_peer_unreachable(wire.now);
+  wire.settle();
+  EXPECT_EQ(wire.a.qp.state(), QpState::error);
+  const auto events = wire.a.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].cause, RcErrorCause::retry_exceeded);
+  ASSERT_EQ(wire.a.scq.wcs.size(), 2u);
+  EXPECT_EQ(wire.a.scq.wcs[0].wr_id, 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::retry_exceeded);
+  EXPECT_EQ(wire.a.scq.wcs[1].wr_id, 2u);
+  EXPECT_EQ(wire.a.scq.wcs[1].status, WcStatus::wr_flush_error);
+  ASSERT_EQ(wire.a.rcq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.rcq.wcs[0].status, WcStatus::wr_flush_error);
+  wire.a.qp.handle_peer_unreachable(wire.now);  // once in ERROR: nothing more
+  wire.settle();
+  EXPECT_TRUE(wire.a.events().empty());
+  EXPECT_EQ(wire.a.scq.wcs.size(), 2u);
+}
+
 TEST(RcRules, KeepaliveProbesAnIdlePeerAndEndsTheQpOnceThePeerIsGone) {
   using std::chrono::milliseconds;
   PairParams p = pair_params();
