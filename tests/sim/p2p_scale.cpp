@@ -8,7 +8,7 @@
 // that node).
 //
 //   p2p_scale --nodes 256 [--pattern both|one|ring:K] [--latency-us 10] [--cm-cost-us 5] [--seed 1]
-//   p2p_scale --table         the table of docs/p2p-scale.md (256, 1,024, 4,096 nodes)
+//   p2p_scale --table         the table of docs/p2p-scale.md (256 to 2,048 nodes, 4,096 as rings)
 //
 // Patterns: `both`: every node connects to every other at once (an MPI all-to-all whose ranks
 // all send first: every pair collides); `one`: only the lower rank of each pair connects (no
@@ -386,7 +386,8 @@ int main(int argc, char** argv) {
   };
   for (const Row row : {Row{256, ScaleConfig::Pattern::both, 0}, Row{256, ScaleConfig::Pattern::one, 0},
                         Row{512, ScaleConfig::Pattern::both, 0}, Row{1024, ScaleConfig::Pattern::both, 0},
-                        Row{1024, ScaleConfig::Pattern::one, 0}, Row{4096, ScaleConfig::Pattern::ring, 16},
+                        Row{1024, ScaleConfig::Pattern::one, 0}, Row{2048, ScaleConfig::Pattern::both, 0},
+                        Row{4096, ScaleConfig::Pattern::ring, 16},
                         Row{4096, ScaleConfig::Pattern::ring, 64}}) {
     ScaleConfig c = config;
     c.nodes = row.nodes;

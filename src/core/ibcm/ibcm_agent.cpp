@@ -94,7 +94,8 @@ Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Ti
             .active = true,
             .p2p = params.peer_to_peer,
             .key = {.address = to_u32(params.destination), .port = params.port, .tag = params.tag},
-            .params = params};
+            .qpn = params.qpn,
+            .params = std::make_unique<const IbCmConnectParams>(params)};
   LinkId link = 0;
   if (params.peer_to_peer) {
     // R5 (docs/p2p.md, Rules) before anything goes out: EISCONN / EALREADY, or the
@@ -227,7 +228,7 @@ void IbCmAgent::destroy(IbCmId id, Time now) {
   const std::uint32_t comm = record->conn;
   if (record->p2p) {
     // The resolver hears of the attempt before its link's close (its API's order).
-    if (record->pending_attempt) resolver_.handle_attempt_ended(record->params.qpn);
+    if (record->pending_attempt) resolver_.handle_attempt_ended(record->qpn);
     if (comm != 0) {
       Conn& conn = conns_.at(comm);
       if (conn.link != 0 && record->phase == Id::Phase::requested) {
@@ -428,7 +429,7 @@ void IbCmAgent::on_rej(const w::CmRej& rej, Time now) {
       // The sender of a REQ the resolver holds gave up on it (rule 8 at the peer).
       const LinkId link = p->second;
       take_pending(link);
-      tombstones_[remote] = now + cm_time(config_.timing.timewait);
+      remember_dropped(remote, now);
       resolver_.handle_link_closed(link);
       return;
     }
@@ -469,7 +470,7 @@ void IbCmAgent::handle_timeout(Time now) {
   }
   resolver_.handle_timeout(now);
   sidr_timeout(now);
-  std::erase_if(tombstones_, [now](const auto& entry) { return entry.second <= now; });
+  expire_tombstones(now);
   drain_resolver(now);
 }
 
@@ -500,7 +501,7 @@ std::optional<Time> IbCmAgent::next_deadline() const {
     if (!next || t < *next) next = t;
   };
   if (!timers_.empty()) earlier(timers_.begin()->first);
-  for (const auto& [remote, until] : tombstones_) earlier(until);
+  if (!tombstone_expiry_.empty()) earlier(tombstone_expiry_.begin()->first);
   sidr_deadline(next);
   return next;
 }
@@ -540,9 +541,8 @@ std::uint32_t IbCmAgent::new_conn() {
 
 void IbCmAgent::index_remote(std::uint32_t comm) {
   Conn& conn = conns_.at(comm);
-  if (conn.remote || !conn.cm.peer_known()) return;
-  const RemoteKey remote{conn.cm.peer().guid, conn.cm.peer().comm_id};
-  if (by_remote_.emplace(remote, comm).second) conn.remote = remote;
+  if (conn.indexed_remote || !conn.cm.peer_known()) return;
+  conn.indexed_remote = by_remote_.emplace(remote_of(conn), comm).second;
 }
 
 // Passes a connection's MADs on and its events up, re-indexes its timer, frees it once done.
@@ -571,11 +571,14 @@ void IbCmAgent::sync(std::uint32_t comm, Time now) {
   if (conn.indexed_deadline) timers_.erase({*conn.indexed_deadline, comm});
   conn.indexed_deadline = conn.cm.next_deadline();
   if (conn.indexed_deadline) timers_.emplace(*conn.indexed_deadline, comm);
+  index_established(comm, conn);
+  // R5's take-back needs the delivered REQ only in REQ_RCVD, which a connection never re-enters.
+  if (conn.request_mad && conn.cm.state() != IbCmState::req_rcvd) conn.request_mad.reset();
   if (!conn.cm.finished()) return;
   if (conn.indexed_deadline) timers_.erase({*conn.indexed_deadline, comm});
-  if (conn.remote) {
-    by_remote_.erase(*conn.remote);
-    remember_dropped(*conn.remote, now);
+  if (conn.indexed_remote) {
+    by_remote_.erase(remote_of(conn));
+    remember_dropped(remote_of(conn), now);
   }
   detach(comm);
   conns_.erase(it);
@@ -593,15 +596,17 @@ void IbCmAgent::on_conn_event(std::uint32_t comm, const IbCmEvent& event, Time n
       if (record == nullptr) return;
       record->phase = Id::Phase::established;
       if (record->pending_attempt) {
-        attempts_.erase(record->params.qpn);
+        attempts_.erase(record->qpn);
         record->pending_attempt = false;
       }
+      record->params.reset();
       if (record->p2p && conn.link != 0) {
         resolver_.handle_established(record->key, conn.link, record->peer_incarnation, conn.cm.peer().qpn);
       }
       IbCmAgentEvent out = peer_event(EventKind::established, conn.owner, conn);
       if (conn.cm.active()) {
-        const auto rep_data = conn.cm.peer_private_data();
+        // The REP's private data (the connection keeps none once established).
+        const std::span<const std::uint8_t> rep_data = event.private_data;
         const auto header = record->p2p ? decode_p2p_header(rep_data) : std::nullopt;
         const auto app = header ? header->application_data : rep_data;
         out.private_data.assign(app.begin(), app.end());
@@ -664,11 +669,11 @@ void IbCmAgent::conn_failed(std::uint32_t comm, EventKind kind, const IbCmEvent&
                            wire::decode_cm_reject(std::span(event.private_data).first(wire::kCmRejectSize));
     if (cm_reject) {
       // Rule 3 / 6: the peer's CM, not its application, turned our REQ down: never REJECTED.
-      resolver_.handle_attempt_rejected_by_cm(record->params.qpn);
+      resolver_.handle_attempt_rejected_by_cm(record->qpn);
       detach(comm);
       return;
     }
-    resolver_.handle_attempt_ended(record->params.qpn);  // before the link's close (resolver API)
+    resolver_.handle_attempt_ended(record->qpn);  // before the link's close (resolver API)
   } else if (record->p2p && conn.link != 0) {
     resolver_.handle_link_closed(conn.link);
   }
@@ -692,7 +697,7 @@ void IbCmAgent::detach(std::uint32_t comm) {
 void IbCmAgent::end_id(IbCmId id) {
   auto it = ids_.find(id);
   if (it == ids_.end()) return;
-  if (it->second.pending_attempt) attempts_.erase(it->second.params.qpn);
+  if (it->second.pending_attempt) attempts_.erase(it->second.qpn);
   if (it->second.conn != 0) detach(it->second.conn);
   ids_.erase(it);
 }
@@ -726,11 +731,9 @@ void IbCmAgent::send_answer(const w::CmMessage& message, std::uint64_t tid, cons
 // disconnected (DREQ until DREP or retries, then TIMEWAIT).
 bool IbCmAgent::stale(std::uint64_t guid, std::uint32_t qpn, std::uint32_t except_comm, Time now) {
   std::vector<std::uint32_t> old;
-  for (const auto& [comm, conn] : conns_) {
-    if (comm != except_comm && conn.cm.peer_known() && conn.cm.peer().guid == guid &&
-        conn.cm.peer().qpn == qpn && conn.cm.state() == IbCmState::established) {
-      old.push_back(comm);
-    }
+  for (auto it = established_by_qpn_.lower_bound({guid, qpn, 0});
+       it != established_by_qpn_.end() && std::get<0>(*it) == guid && std::get<1>(*it) == qpn; ++it) {
+    if (std::get<2>(*it) != except_comm) old.push_back(std::get<2>(*it));
   }
   for (std::uint32_t comm : old) {
     ++stats_.rejected_stale;
@@ -751,8 +754,36 @@ bool IbCmAgent::stale(std::uint64_t guid, std::uint32_t qpn, std::uint32_t excep
   return !old.empty();
 }
 
+// Keeps established_by_qpn_ equal to the set of ESTABLISHED connections. A connection's peer
+// (GUID, QPN) only changes on a REQ or REP, never while it is ESTABLISHED; every state change
+// passes through sync(), which calls this.
+void IbCmAgent::index_established(std::uint32_t comm, Conn& conn) {
+  const bool established = conn.cm.state() == IbCmState::established && conn.cm.peer_known();
+  if (established == conn.indexed_established) return;
+  const auto entry = std::tuple{conn.cm.peer().guid, conn.cm.peer().qpn, comm};
+  if (established) {
+    established_by_qpn_.insert(entry);
+  } else {
+    established_by_qpn_.erase(entry);
+  }
+  conn.indexed_established = established;
+}
+
 void IbCmAgent::remember_dropped(const RemoteKey& remote, Time now) {
-  tombstones_[remote] = now + cm_time(config_.timing.timewait);
+  const Time until = now + cm_time(config_.timing.timewait);
+  auto [it, inserted] = tombstones_.try_emplace(remote, until);
+  if (!inserted) {
+    tombstone_expiry_.erase({it->second, remote});
+    it->second = until;
+  }
+  tombstone_expiry_.emplace(until, remote);
+}
+
+void IbCmAgent::expire_tombstones(Time now) {
+  while (!tombstone_expiry_.empty() && tombstone_expiry_.begin()->first <= now) {
+    tombstones_.erase(tombstone_expiry_.begin()->second);
+    tombstone_expiry_.erase(tombstone_expiry_.begin());
+  }
 }
 
 }  // namespace peercm::core::ibcm

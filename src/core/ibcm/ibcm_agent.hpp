@@ -24,10 +24,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -233,10 +235,12 @@ class IbCmAgent : private P2pBinding {
     IbCmConnection cm;
     IbCmId owner = 0;  // 0: the id ended; the connection finishes alone
     LinkId link = 0;   // p2p: the resolver's name for this connection's REQ exchange
-    std::optional<RemoteKey> remote;           // indexed in by_remote_
     std::optional<Time> indexed_deadline;      // indexed in timers_
-    // A delivered p2p REQ (REQ_RCVD): kept so that R5's unseen-request rule can take it back.
-    std::optional<std::array<std::uint8_t, wire::ibcm::kMadSize>> request_mad;
+    bool indexed_remote = false;               // indexed in by_remote_ under remote_of()
+    bool indexed_established = false;          // indexed in established_by_qpn_
+    // A delivered p2p REQ while its connection is in REQ_RCVD: kept so that R5's unseen-request
+    // rule can take it back; freed once the connection leaves REQ_RCVD (it never returns).
+    std::unique_ptr<std::array<std::uint8_t, wire::ibcm::kMadSize>> request_mad;
   };
 
   struct Id {
@@ -246,7 +250,10 @@ class IbCmAgent : private P2pBinding {
     bool p2p = false;
     P2pKey key;
     std::uint32_t conn = 0;  // local comm ID; 0: a p2p attempt waiting for the peer's REQ
-    IbCmConnectParams params;  // active: what answers a peer REQ on the attempt's behalf
+    AttemptId qpn = 0;       // active: the attempt's QPN (its p2p attempt id)
+    // Active, until ESTABLISHED: what answers a peer REQ on the attempt's behalf (rule 3
+    // passive). An established id answers no REQ, so it keeps none.
+    std::unique_ptr<const IbCmConnectParams> params;
     std::uint64_t peer_incarnation = 0;
     bool pending_attempt = false;  // active p2p: in attempts_
     bool disconnect_reported = false;  // DISCONNECTED went up before the DREQ exchange ended
@@ -269,6 +276,8 @@ class IbCmAgent : private P2pBinding {
   Conn* find_conn(std::uint32_t local_comm_id, std::uint32_t peer_comm_id);
   std::uint32_t new_conn();
   void index_remote(std::uint32_t comm);
+  // A connection's key in by_remote_: (peer CA GUID, peer comm ID), fixed once the peer is known.
+  static RemoteKey remote_of(const Conn& conn) { return {conn.cm.peer().guid, conn.cm.peer().comm_id}; }
   void sync(std::uint32_t comm, Time now);
   void on_conn_event(std::uint32_t comm, const IbCmEvent& event, Time now);
   void conn_failed(std::uint32_t comm, IbCmAgentEvent::Kind kind, const IbCmEvent& event);
@@ -279,7 +288,9 @@ class IbCmAgent : private P2pBinding {
   Id* find_id(IbCmId id);
   void send_answer(const wire::ibcm::CmMessage& message, std::uint64_t tid, const Gid& to);
   bool stale(std::uint64_t guid, std::uint32_t qpn, std::uint32_t except_comm, Time now);
+  void index_established(std::uint32_t comm, Conn& conn);
   void remember_dropped(const RemoteKey& remote, Time now);
+  void expire_tombstones(Time now);
 
   // ibcm_agent_sidr.cpp: SIDR
   struct SidrOutstanding {  // our SIDR_REQ, waiting for its REP
@@ -338,7 +349,11 @@ class IbCmAgent : private P2pBinding {
   std::map<RemoteKey, LinkId> pending_by_remote_;
   std::map<AttemptId, IbCmId> attempts_;          // p2p attempt id (QPN) → id
   std::map<RemoteKey, Time> tombstones_;          // REQs dropped or ended: copies ignored until
+  std::set<std::pair<Time, RemoteKey>> tombstone_expiry_;  // tombstones_ in the order they end
   std::set<std::pair<Time, std::uint32_t>> timers_;
+  // ESTABLISHED connections by (peer CA GUID, peer QPN, local comm ID): §4.9's stale check
+  // without a walk over every connection.
+  std::set<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>> established_by_qpn_;
   std::uint32_t next_comm_id_;
   IbCmId next_id_ = 1;
   LinkId next_link_ = 1;

@@ -59,7 +59,7 @@ void IbCmAgent::deliver_request(const P2pAction& action, Time now) {
   if (!stored) return;
   const IbCmId id = open_passive(stored->req, stored->tid, action.key, action.link, stored->incarnation, true, now);
   // R5's unseen-request rule may take it back while the application has not fetched it.
-  if (Id* record = find_id(id); record != nullptr && record->conn != 0) conns_.at(record->conn).request_mad = pending->mad;
+  if (Id* record = find_id(id); record != nullptr && record->conn != 0) conns_.at(record->conn).request_mad = std::make_unique<std::array<std::uint8_t, w::kMadSize>>(pending->mad);
 }
 
 // R5, the unseen-request rule: the delivered REQ on `link` goes back to waiting for the
@@ -73,14 +73,14 @@ bool IbCmAgent::take_back_request(LinkId link, const TakeBack& take_back) {
   Conn& conn = conns_.at(comm);
   const IbCmId request = conn.owner;
   Id* record = find_id(request);
-  if (record == nullptr || record->phase != Id::Phase::requested || !conn.request_mad || !conn.remote ||
+  if (record == nullptr || record->phase != Id::Phase::requested || !conn.request_mad || !conn.indexed_remote ||
       conn.cm.state() != IbCmState::req_rcvd)
     return false;
   if (!take_back || !take_back(request)) return false;
-  PendingRequest pending{.mad = *conn.request_mad, .remote = *conn.remote};
+  PendingRequest pending{.mad = *conn.request_mad, .remote = remote_of(conn)};
   detach(comm);
   ids_.erase(request);
-  by_remote_.erase(*conn.remote);
+  by_remote_.erase(pending.remote);
   if (conn.indexed_deadline) timers_.erase({*conn.indexed_deadline, comm});
   conns_.erase(comm);
   pending_by_remote_[pending.remote] = link;
@@ -127,7 +127,8 @@ void IbCmAgent::accept_into_attempt(const P2pAction& action, Time now) {
   record.peer_incarnation = stored->incarnation;
   conn.cm.handle_req(stored->req, stored->tid, now);
   ++stats_.p2p_bound;
-  const IbCmConnectParams& params = record.params;
+  assert(record.params);  // a pending attempt: not established yet
+  const IbCmConnectParams& params = *record.params;
   (void)conn.cm.accept({.qpn = params.qpn,
                         .starting_psn = params.starting_psn,
                         .responder_resources = params.responder_resources,

@@ -91,8 +91,8 @@ Status<std::errc> IbCmConnection::connect(const IbCmRequestParams& params, Time 
   // §4.6: the active side resends after 2 × packet lifetime + the remote CM response timeout.
   resend_interval_ = 2 * cm_time(timing_.packet_lifetime) + cm_time(timing_.cm_response_timeout);
   max_retries_ = timing_.max_cm_retries;
-  resend_ = mad;
-  mads_.push_back(mad);
+  keep_for_resend(mad);
+  outbox().mads.push_back(mad);
   enter(IbCmState::req_sent);
   retries_left_ = max_retries_;
   arm_resend(now);
@@ -126,8 +126,8 @@ Status<std::errc> IbCmConnection::accept(const IbCmReplyParams& params, Time now
     return fail(std::errc::invalid_argument);
   }
   local_qpn_ = params.qpn;
-  resend_ = mad;
-  if (may_answer()) mads_.push_back(mad);
+  keep_for_resend(mad);
+  if (may_answer()) outbox().mads.push_back(mad);
   // §4.9: REP resent on the REQ's local CM response timeout, up to the REQ's Max CM Retries.
   enter(IbCmState::rep_sent);
   retries_left_ = max_retries_;
@@ -166,8 +166,8 @@ Status<std::errc> IbCmConnection::disconnect(std::span<const std::uint8_t> priva
   if (!w::encode_cm_mad({.transaction_id = dreq_tid_, .message = dreq}, mad.bytes)) {
     return fail(std::errc::invalid_argument);
   }
-  resend_ = mad;
-  mads_.push_back(mad);
+  keep_for_resend(mad);
+  outbox().mads.push_back(mad);
   enter(IbCmState::dreq_sent);
   retries_left_ = max_retries_;  // §4.6: the passive side uses the REQ's Max CM Retries here too
   arm_resend(now);
@@ -296,8 +296,11 @@ void IbCmConnection::handle_rep(const w::CmRep& rep, Time now) {
       }
       send_rtu({});  // §6: rdma_cm sends the RTU itself when the REP arrives
       deadline_.reset();
-      enter(IbCmState::established);
-      emit(Kind::established, 0, peer_private_data_);
+      {
+        const std::vector<std::uint8_t> reply_data = std::move(peer_private_data_);  // the event's now
+        enter(IbCmState::established);
+        emit(Kind::established, 0, reply_data);
+      }
       return;
     case IbCmState::established:
       if (active_) send_rtu({});  // §4.9 duplicate REP: resend the RTU
@@ -337,21 +340,21 @@ void IbCmConnection::handle_rej(const w::CmRej& rej, Time now) {
         deadline_.reset();
         enter(IbCmState::idle);
       }
-      events_.push_back(rejected_event(rej, was));
+      outbox().events.push_back(rejected_event(rej, was));
       return;
     }
     case IbCmState::rep_rcvd:
     case IbCmState::mra_rep_sent: {
       const IbCmState was = state_;
       to_timewait(now);  // §4.9 [impl]: REP_RCVD, MRA_REP_SENT: REJ → TIMEWAIT
-      events_.push_back(rejected_event(rej, was));
+      outbox().events.push_back(rejected_event(rej, was));
       return;
     }
     case IbCmState::established:
     case IbCmState::dreq_sent: {
       const IbCmState was = state_;
       to_timewait(now);  // §4.9 [impl]: ESTABLISHED, DREQ_SENT: REJ → TIMEWAIT
-      events_.push_back({.kind = Kind::disconnected, .state = was, .reason = rej.reason});
+      outbox().events.push_back({.kind = Kind::disconnected, .state = was, .reason = rej.reason});
       return;
     }
     default:
@@ -389,7 +392,7 @@ void IbCmConnection::handle_dreq(const w::CmDreq& dreq, std::uint64_t tid, Time 
       enter(IbCmState::dreq_rcvd);
       send_drep(tid);  // §6: rdma_cm answers a DREQ with a DREP at once
       to_timewait(now);
-      events_.push_back({.kind = Kind::disconnected,
+      outbox().events.push_back({.kind = Kind::disconnected,
                          .state = was,
                          .private_data = {dreq.private_data.begin(), dreq.private_data.end()}});
       return;
@@ -438,7 +441,7 @@ void IbCmConnection::handle_timeout(Time now) {
       send_rej(w::rej_reason::kTimeout, was == IbCmState::mra_req_sent ? w::RejTarget::req : w::RejTarget::rep,
                guid_ari(), {});
       enter(IbCmState::idle);
-      events_.push_back({.kind = Kind::timed_out, .state = was});
+      outbox().events.push_back({.kind = Kind::timed_out, .state = was});
       return;
     }
     case IbCmState::timewait:
@@ -453,7 +456,7 @@ void IbCmConnection::handle_timeout(Time now) {
 }
 
 void IbCmConnection::handle_peer_unreachable(const Gid& peer, Time now) {
-  if (resend_.destination != peer) return;
+  if (resend_ == nullptr || resend_->destination != peer) return;  // only the states that resend keep it
   switch (state_) {
     case IbCmState::req_sent:
     case IbCmState::mra_req_rcvd:
@@ -470,9 +473,10 @@ void IbCmConnection::handle_peer_unreachable(const Gid& peer, Time now) {
 }
 
 void IbCmConnection::resend_or_give_up(Time now) {
+  assert(resend_ != nullptr);  // every state that resends kept its MAD on entry
   if (retries_left_ > 0 && may_answer()) {
     --retries_left_;
-    mads_.push_back(resend_);  // §3.3: the identical MAD, same TID
+    outbox().mads.push_back(*resend_);  // §3.3: the identical MAD, same TID
     // After an MRA's wait the resend logic resumes where it was (§4.9).
     if (state_ == IbCmState::mra_req_rcvd) enter(IbCmState::req_sent);
     if (state_ == IbCmState::mra_rep_rcvd) enter(IbCmState::rep_sent);
@@ -488,33 +492,59 @@ void IbCmConnection::resend_or_give_up(Time now) {
   // §4.9: retries exhausted → report failure; the peer is told with REJ(timeout) (Linux sends it
   // when the consumer then abandons, which rdma_cm always does).
   abort(now);
-  events_.push_back({.kind = Kind::timed_out, .state = was});
+  outbox().events.push_back({.kind = Kind::timed_out, .state = was});
 }
 
 // ---------------------------------------------------------------------------------------------
 // Outputs and helpers
 
 std::optional<OutboundMad> IbCmConnection::poll_mad() {
-  if (next_mad_ == mads_.size()) {
-    mads_.clear();
-    next_mad_ = 0;
+  if (!outbox_) return std::nullopt;
+  if (outbox_->next_mad == outbox_->mads.size()) {
+    release_outbox_if_drained();
     return std::nullopt;
   }
-  return mads_[next_mad_++];
+  return outbox_->mads[outbox_->next_mad++];
 }
 
 std::optional<IbCmEvent> IbCmConnection::poll_event() {
-  if (next_event_ == events_.size()) {
-    events_.clear();
-    next_event_ = 0;
+  if (!outbox_) return std::nullopt;
+  if (outbox_->next_event == outbox_->events.size()) {
+    release_outbox_if_drained();
     return std::nullopt;
   }
-  return std::move(events_[next_event_++]);
+  return std::move(outbox_->events[outbox_->next_event++]);
+}
+
+IbCmConnection::Outbox& IbCmConnection::outbox() {
+  if (!outbox_) outbox_ = std::make_unique<Outbox>();
+  return *outbox_;
+}
+
+// Freed, not cleared, once both queues are read: a kept capacity would cost every connection of
+// a large mesh a MAD or two for nothing.
+void IbCmConnection::release_outbox_if_drained() {
+  if (outbox_->next_mad == outbox_->mads.size() && outbox_->next_event == outbox_->events.size()) outbox_.reset();
 }
 
 void IbCmConnection::enter(IbCmState state) {
   state_ = state;
-  if (state == IbCmState::established) confirmed_ = true;
+  switch (state) {
+    case IbCmState::req_sent:
+    case IbCmState::mra_req_rcvd:
+    case IbCmState::rep_sent:
+    case IbCmState::mra_rep_rcvd:
+    case IbCmState::dreq_sent:
+      return;  // the timer resends resend_ here (§4.9)
+    case IbCmState::established:
+      confirmed_ = true;
+      // The REQ/REP's private data went up with the established event; nothing reads it again.
+      std::vector<std::uint8_t>().swap(peer_private_data_);
+      break;
+    default:
+      break;
+  }
+  resend_.reset();  // no state from here resends the MAD it held: a new one is kept if needed
 }
 
 std::array<std::uint8_t, 8> IbCmConnection::guid_ari() const {
@@ -530,8 +560,8 @@ void IbCmConnection::send(const w::CmMessage& message, std::uint64_t tid, bool k
   const auto encoded = w::encode_cm_mad({.transaction_id = tid, .message = message}, mad.bytes);
   assert(encoded.has_value());  // every field comes from a message that decoded or encoded
   if (!encoded) return;
-  if (keep_for_resend) resend_ = mad;
-  if (may_answer()) mads_.push_back(mad);
+  if (keep_for_resend) this->keep_for_resend(mad);
+  if (may_answer()) outbox().mads.push_back(mad);
 }
 
 bool IbCmConnection::may_answer() {
@@ -579,7 +609,7 @@ void IbCmConnection::to_timewait(Time now) {
 
 void IbCmConnection::emit(Kind kind, std::uint16_t reason, std::span<const std::uint8_t> private_data,
                           std::span<const std::uint8_t> ari) {
-  events_.push_back({.kind = kind,
+  outbox().events.push_back({.kind = kind,
                      .state = state_,
                      .reason = reason,
                      .private_data = {private_data.begin(), private_data.end()},

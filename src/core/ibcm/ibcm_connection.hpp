@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <system_error>
@@ -72,7 +73,9 @@ class IbCmConnection {
   std::uint32_t local_qpn() const { return local_qpn_; }
   const IbCmPeer& peer() const { return peer_; }
   bool peer_known() const { return peer_known_; }
-  // The private data of the REQ (passive) or REP (active) that brought the peer.
+  // The private data of the REQ (passive) or REP (active) that brought the peer, until the
+  // connection is ESTABLISHED: the established event carries what the owner needs of it, and an
+  // established connection keeps no copy (docs/p2p-scale.md, memory per connection).
   std::span<const std::uint8_t> peer_private_data() const { return peer_private_data_; }
   std::uint64_t service_id() const { return service_id_; }
 
@@ -85,6 +88,7 @@ class IbCmConnection {
 
  private:
   void enter(IbCmState state);
+  void keep_for_resend(const OutboundMad& mad) { resend_ = std::make_unique<OutboundMad>(mad); }
   std::array<std::uint8_t, 8> guid_ari() const;  // REJ(timeout)'s ARI: our CA GUID (§4.8)
   void send(const wire::ibcm::CmMessage& message, std::uint64_t tid, bool keep_for_resend);
   // docs/reliability.md, "CM answers": false once a passive connection the peer has not
@@ -129,13 +133,23 @@ class IbCmConnection {
   Duration resend_interval_{};
   std::uint8_t max_retries_ = 0;
   std::uint8_t retries_left_ = 0;
-  OutboundMad resend_;  // the MAD the timer resends, identical each time (§3.3)
+  // The MAD the timer resends, identical each time (§3.3); held only in the states that resend
+  // (REQ_SENT, REP_SENT, DREQ_SENT and their MRA waits), freed on leaving them.
+  std::unique_ptr<OutboundMad> resend_;
   std::optional<Time> deadline_;
 
-  std::vector<OutboundMad> mads_;
-  std::vector<IbCmEvent> events_;
-  std::size_t next_mad_ = 0;
-  std::size_t next_event_ = 0;
+  // What waits for the owner's poll_mad() / poll_event(); allocated while anything does. The
+  // owner drains it at once, so a connection that waits for the peer (and every established
+  // one) holds none.
+  struct Outbox {
+    std::vector<OutboundMad> mads;
+    std::vector<IbCmEvent> events;
+    std::size_t next_mad = 0;
+    std::size_t next_event = 0;
+  };
+  Outbox& outbox();
+  void release_outbox_if_drained();
+  std::unique_ptr<Outbox> outbox_;
 };
 
 }  // namespace peercm::core::ibcm

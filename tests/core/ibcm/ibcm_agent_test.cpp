@@ -298,6 +298,35 @@ TEST_F(ClientServer, StaleQpnIsRejectedAndTheOldConnectionDisconnected) {
   expect_everything_gone();
 }
 
+// §4.9 counts only ESTABLISHED connections as holding a QPN: once the old one has left
+// ESTABLISHED (here TIMEWAIT after the DREQ/DREP exchange), its QPN connects again at once.
+TEST_F(ClientServer, QpnOfADisconnectedConnectionIsNotStale) {
+  const IbCmId first = connect();
+  accept_all(1ms, 10);
+  ASSERT_NE(net.find(kClient, EventKind::established, first), nullptr);
+  ASSERT_TRUE(net.agent(kClient).disconnect(first, net.now));
+  net.run_for(5ms);
+  const IbCmAgentEvent* old = net.find(kServer, EventKind::disconnected);
+  ASSERT_NE(old, nullptr);
+  EXPECT_EQ(net.agent(kServer).state_of(old->id), IbCmState::timewait);
+
+  net.restart(kClient, 0x9999);  // same CA GUID and QPN, new comm IDs
+  net.events[kClient].clear();
+  const IbCmId second = connect();
+  accept_all(1ms, 10);
+  EXPECT_NE(net.find(kClient, EventKind::established, second), nullptr);
+  EXPECT_EQ(net.agent(kServer).stats().rejected_stale, 0u);
+  // The new connection holds the QPN now: a third incarnation's REQ is stale again.
+  net.restart(kClient, 0x7777);
+  net.events[kClient].clear();
+  const IbCmId third = connect();
+  net.run_for(100ms);
+  const IbCmAgentEvent* rejected = net.find(kClient, EventKind::rejected, third);
+  ASSERT_NE(rejected, nullptr);
+  EXPECT_EQ(rejected->reason, w::rej_reason::kStaleConnection);
+  EXPECT_EQ(net.agent(kServer).stats().rejected_stale, 1u);
+}
+
 TEST_F(ClientServer, UnknownDreqIsAnsweredWithDrep) {
   const IbCmId id = connect();
   accept_all(1ms, 10);
