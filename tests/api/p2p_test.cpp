@@ -34,6 +34,7 @@ std::unique_ptr<CmId> routed_id(Node& from, std::uint16_t to_port, std::uint32_t
 // What one node saw in one round.
 struct RoundResult {
   bool established = false;
+  std::vector<std::uint8_t> peer_data;  // ESTABLISHED's private data
   int connect_requests = 0;
   bool data_ok = false;
   sockaddr_in local{}, peer{};
@@ -66,7 +67,9 @@ RoundResult run_round(Node& node, std::uint16_t peer_port, std::uint32_t tag, bo
   auto out_mr = s.region(outbox);
   (void)qp->post_recv(RecvWr{.wr_id = 1, .sg_list = {in_mr->sge()}});
   start.arrive_and_wait();
-  if (auto ok = id->connect({}); !ok) r.error = "connect: " + std::make_error_code(ok.error()).message();
+  ConnParam param;
+  param.private_data = {speaks_first ? std::uint8_t{0xA1} : std::uint8_t{0xB2}, static_cast<std::uint8_t>(tag), 0x5A};
+  if (auto ok = id->connect(param); !ok) r.error = "connect: " + std::make_error_code(ok.error()).message();
   // Every event until ours is ESTABLISHED; a CONNECT_REQUEST would mean the CM let the
   // losing request through to the application.
   const auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -77,6 +80,7 @@ RoundResult run_round(Node& node, std::uint16_t peer_port, std::uint32_t tag, bo
       ++r.connect_requests;
     } else if (e->type == CmEventType::established && e->id == id.get()) {
       r.established = true;
+      r.peer_data = e->param.private_data;
     } else if (e->id != id.get()) {
       continue;  // the previous round's ids winding down
     } else {
@@ -141,6 +145,13 @@ TEST(PeerToPeer, SimultaneousConnectsAlwaysMakeExactlyOneConnection) {
     ASSERT_EQ(ra.local.sin_port, rb.peer.sin_port) << "round " << round;
     ASSERT_EQ(rb.local.sin_port, ra.peer.sin_port) << "round " << round;
     ASSERT_TRUE(ra.data_ok && rb.data_ok) << "round " << round;
+    // Both ends learn the other's connect-time data, whichever request became the connection.
+    const std::vector<std::uint8_t> from_a{0xA1, static_cast<std::uint8_t>(round), 0x5A};
+    const std::vector<std::uint8_t> from_b{0xB2, static_cast<std::uint8_t>(round), 0x5A};
+    ASSERT_GE(ra.peer_data.size(), 3u) << "round " << round;
+    ASSERT_GE(rb.peer_data.size(), 3u) << "round " << round;
+    ASSERT_TRUE(std::equal(from_b.begin(), from_b.end(), ra.peer_data.begin())) << "round " << round;
+    ASSERT_TRUE(std::equal(from_a.begin(), from_a.end(), rb.peer_data.begin())) << "round " << round;
   }
   const CmStats sa = cm_stats(*a.side.context), sb = cm_stats(*b.side.context);
   EXPECT_EQ(sa.delivered_requests + sb.delivered_requests, 0u);

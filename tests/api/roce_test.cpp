@@ -537,10 +537,17 @@ struct P2pRound {
   int connect_requests = 0;
   std::uint32_t peer_qp = 0;
   std::uint32_t local_qp = 0;
+  std::vector<std::uint8_t> peer_data;  // ESTABLISHED's private data
   std::string error;
 };
 
-P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, std::barrier<>& start) {
+// Each node's connect carries its own bytes: the round and a mark of the node.
+std::vector<std::uint8_t> connect_data(std::uint32_t round, std::uint8_t mark) {
+  return {mark, static_cast<std::uint8_t>(round), static_cast<std::uint8_t>(round >> 8), 0x5A};
+}
+
+P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, std::barrier<>& start,
+                   std::uint8_t mark = 0) {
   P2pRound r;
   Side& s = node.side;
   auto id = roce_id(s);
@@ -559,7 +566,9 @@ P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, st
   QueuePair* qp = id->create_qp(*s.pd, s.qp_attr()).value();
   r.local_qp = qp->qp_num();
   start.arrive_and_wait();
-  if (auto ok = id->connect({}); !ok) r.error = "connect: " + std::make_error_code(ok.error()).message();
+  ConnParam param;
+  param.private_data = connect_data(tag, mark);
+  if (auto ok = id->connect(param); !ok) r.error = "connect: " + std::make_error_code(ok.error()).message();
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   while (!r.established && r.error.empty() && std::chrono::steady_clock::now() < deadline) {
     auto e = s.channel->get_event(1s);
@@ -569,6 +578,7 @@ P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, st
     } else if (e->type == CmEventType::established && e->id == id.get()) {
       r.established = true;
       r.peer_qp = e->param.qp_num;
+      r.peer_data = e->param.private_data;
     } else if (e->id == id.get()) {
       r.error = std::string("unexpected ") + std::string(to_string(e->type)) + " " +
                 std::string(to_string(e->reject_reason)) + " status " + std::to_string(e->status);
@@ -593,12 +603,19 @@ TEST(Roce, SimultaneousConnectsMakeExactlyOneConnection) {
   constexpr std::uint32_t kRounds = 100;
   for (std::uint32_t round = 0; round < kRounds; ++round) {
     P2pRound ra, rb;
-    std::thread ta([&] { ra = p2p_round(a, b.address, round, start); });
-    rb = p2p_round(b, a.address, round, start);
+    std::thread ta([&] { ra = p2p_round(a, b.address, round, start, 0xA1); });
+    rb = p2p_round(b, a.address, round, start, 0xB2);
     ta.join();
     ASSERT_TRUE(ra.error.empty()) << "round " << round << " a: " << ra.error;
     ASSERT_TRUE(rb.error.empty()) << "round " << round << " b: " << rb.error;
     ASSERT_EQ(ra.connect_requests + rb.connect_requests, 0) << "round " << round;
+    // Both ends learn the other's connect-time data, whichever side's request became the
+    // connection (before, the passive peer's ESTABLISHED carried the RTU's zeros).
+    const auto from_a = connect_data(round, 0xA1), from_b = connect_data(round, 0xB2);
+    ASSERT_GE(ra.peer_data.size(), from_b.size()) << "round " << round;
+    ASSERT_GE(rb.peer_data.size(), from_a.size()) << "round " << round;
+    ASSERT_TRUE(std::equal(from_b.begin(), from_b.end(), ra.peer_data.begin())) << "round " << round << ": a got b's data wrong";
+    ASSERT_TRUE(std::equal(from_a.begin(), from_a.end(), rb.peer_data.begin())) << "round " << round << ": b got a's data wrong";
     // One connection: each end's peer QP is the other's QP that connected.
     ASSERT_EQ(ra.peer_qp, rb.local_qp) << "round " << round;
     ASSERT_EQ(rb.peer_qp, ra.local_qp) << "round " << round;

@@ -34,17 +34,6 @@ Ipv4Address to_ipv4(std::uint32_t v) {
           static_cast<std::uint8_t>(v >> 8), static_cast<std::uint8_t>(v)};
 }
 
-// The application's bytes of a REQ's private data: after rdma_cm's header (§6) and, in a p2p
-// REQ, after the p2p header.
-std::vector<std::uint8_t> request_app_data(std::span<const std::uint8_t> private_data, bool p2p) {
-  auto cma = w::decode_cma_private_data(private_data);
-  if (!cma) return {};
-  std::span<const std::uint8_t> app = cma->application_data;
-  if (p2p) {
-    if (auto header = decode_p2p_header(app)) app = header->application_data;
-  }
-  return {app.begin(), app.end()};
-}
 
 }  // namespace
 
@@ -610,6 +599,12 @@ void IbCmAgent::on_conn_event(std::uint32_t comm, const IbCmEvent& event, Time n
         const auto header = record->p2p ? decode_p2p_header(rep_data) : std::nullopt;
         const auto app = header ? header->application_data : rep_data;
         out.private_data.assign(app.begin(), app.end());
+      } else if (record->active) {
+        // R3, passive peer: the attempt took over the peer's REQ and never sees its
+        // CONNECT_REQUEST, so its ESTABLISHED carries the REQ's connect-time data (the RTU
+        // has none), as the active peer's carries our REP's, and as over iWARP.
+        out.private_data = std::move(record->bound_request_data);
+        record->bound_request_data = {};
       } else {
         out.private_data = event.private_data;
       }

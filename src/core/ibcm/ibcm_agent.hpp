@@ -255,6 +255,9 @@ class IbCmAgent : private P2pBinding {
     // passive). An established id answers no REQ, so it keeps none.
     std::unique_ptr<const IbCmConnectParams> params;
     std::uint64_t peer_incarnation = 0;
+    // Active, bound to the peer's REQ (R3 passive) until ESTABLISHED: that REQ's application
+    // data, which the attempt's ESTABLISHED carries since it never sees a CONNECT_REQUEST.
+    std::vector<std::uint8_t> bound_request_data;
     bool pending_attempt = false;  // active p2p: in attempts_
     bool disconnect_reported = false;  // DISCONNECTED went up before the DREQ exchange ended
   };

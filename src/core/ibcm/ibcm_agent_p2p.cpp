@@ -125,6 +125,7 @@ void IbCmAgent::accept_into_attempt(const P2pAction& action, Time now) {
   link_conn_[action.link] = comm;
   record.conn = comm;
   record.peer_incarnation = stored->incarnation;
+  record.bound_request_data = request_app_data(stored->req.private_data, /*p2p=*/true);
   conn.cm.handle_req(stored->req, stored->tid, now);
   ++stats_.p2p_bound;
   assert(record.params);  // a pending attempt: not established yet

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 namespace peercm::core::ibcm {
 
@@ -35,5 +36,9 @@ bool encode_p2p_header(const P2pHeader& header, std::span<std::uint8_t> out);
 // The header at the start of `data`, or nullopt: a request without it (a plain rdma_cm client,
 // or p2p off) is client/server. An unknown version is treated as no header.
 std::optional<P2pHeaderView> decode_p2p_header(std::span<const std::uint8_t> data);
+
+// The application's bytes of a REQ's private data: after rdma_cm's header (§6) and, in a p2p
+// REQ, after the p2p header. Empty when rdma_cm's header does not decode.
+std::vector<std::uint8_t> request_app_data(std::span<const std::uint8_t> private_data, bool p2p);
 
 }  // namespace peercm::core::ibcm
