@@ -772,6 +772,11 @@ void IbCmAgent::remember_dropped(const RemoteKey& remote, Time now) {
     it->second = until;
   }
   tombstone_expiry_.emplace(until, remote);
+  while (tombstones_.size() > kMaxTombstones) {
+    ++stats_.tombstones_evicted;
+    tombstones_.erase(tombstone_expiry_.begin()->second);
+    tombstone_expiry_.erase(tombstone_expiry_.begin());
+  }
 }
 
 void IbCmAgent::expire_tombstones(Time now) {

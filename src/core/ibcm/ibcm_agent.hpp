@@ -91,6 +91,11 @@ inline constexpr std::uint32_t kRdmaUdpQkey = 0x01234567;
 // SIDR exchanges held at once in each direction: our unanswered requests, and received requests
 // the application has not answered. A REQ beyond the bound is dropped and counted.
 inline constexpr std::size_t kMaxSidrPending = 64;
+// REQs whose exchange ended, remembered for TIMEWAIT so that their late copies are dropped: at
+// most this many; past it the one that would expire first is forgotten (a late copy of it is
+// then a new REQ). Every REQ a sender makes end would otherwise cost memory for 2.1 s, whatever
+// the rate (docs/reliability.md, "Requests a listener holds").
+inline constexpr std::size_t kMaxTombstones = 4096;
 
 struct IbCmSidrParams {
   Ipv4Address destination{};
@@ -159,6 +164,7 @@ struct IbCmAgentStats {
   std::uint64_t sidr_unmatched = 0;      // SIDR_REPs for no request of ours (or from elsewhere)
   std::uint64_t sidr_duplicates = 0;     // SIDR_REQ copies (dropped, or answered again)
   std::uint64_t sidr_flood_dropped = 0;  // SIDR_REQs beyond kMaxSidrPending
+  std::uint64_t tombstones_evicted = 0;  // ended REQs forgotten early: more than kMaxTombstones
   std::uint64_t sidr_no_service = 0;     // answered with status service_unsupported
   std::uint64_t rejected_address = 0;    // a REQ (REJ 12) or SIDR_REQ (status rejected) naming another address than its source
   std::uint64_t peer_unreachable = 0;    // exchanges ended by handle_peer_unreachable

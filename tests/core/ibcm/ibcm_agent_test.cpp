@@ -496,5 +496,29 @@ TEST_F(CmAnswers, OneUnansweredRequestBuysAtMostThreePacketsWhateverItsTimersSay
   EXPECT_EQ(net.agent(kServer).next_deadline(), std::nullopt) << "the request is not forgotten";
 }
 
+// docs/reliability.md, "Requests a listener holds": every REQ whose exchange ends is
+// remembered for TIMEWAIT (2.1 s) to drop its late copies. A sender that makes thousands of
+// REQs end (here: each rejected by the application) must not buy memory for each: at most
+// kMaxTombstones are kept, the first to expire forgotten first.
+TEST_F(CmAnswers, EndedRequestsAreRememberedUpToABound) {
+  w::CmReq req = client_req();
+  const std::size_t flood = kMaxTombstones + 500;
+  for (std::uint32_t i = 0; i < flood; ++i) {
+    req.local_comm_id = 0x10000 + i;
+    deliver(req);
+    auto request = net.agent(kServer).poll_event();
+    ASSERT_TRUE(request.has_value());
+    ASSERT_EQ(request->kind, EventKind::connect_request);
+    ASSERT_TRUE(net.agent(kServer).reject(request->id, {}, net.now));
+    drain_server();
+  }
+  EXPECT_EQ(net.agent(kServer).connection_count(), 0u);
+  EXPECT_EQ(net.agent(kServer).pending_request_count(), kMaxTombstones);
+  EXPECT_EQ(net.agent(kServer).stats().tombstones_evicted, 500u);
+  // The newest are the ones remembered: a late copy of the last REQ is still dropped.
+  EXPECT_TRUE(deliver(req).empty());
+  EXPECT_FALSE(net.agent(kServer).poll_event().has_value());
+}
+
 }  // namespace
 }  // namespace peercm::core::ibcm::test
