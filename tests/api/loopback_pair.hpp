@@ -96,10 +96,18 @@ struct Side {
 
 // A CmId of `side` with `options` set, its address and route to `to` resolved (both events
 // taken from the side's channel) and a QP of side.qp_attr(): what a test does before connect().
+// `source` (host order, 0: the stack's choice) is bound first, as rdma_resolve_addr's src_addr.
 inline std::unique_ptr<CmId> routed_id(Side& side, const sockaddr_in& to,
-                                       std::initializer_list<std::pair<CmOption, std::int64_t>> options = {}) {
-  auto id = std::move(CmId::create(*side.context, *side.channel).value());
+                                       std::initializer_list<std::pair<CmOption, std::int64_t>> options = {},
+                                       Transport transport = Transport::iwarp, std::uint32_t source = 0) {
+  auto id = std::move(CmId::create(*side.context, *side.channel, nullptr, transport).value());
   for (const auto& [option, value] : options) EXPECT_TRUE(id->set_option(option, value));
+  if (source != 0) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    from.sin_addr.s_addr = htonl(source);
+    EXPECT_TRUE(id->bind(from));
+  }
   EXPECT_TRUE(id->resolve_addr(to));
   expect_event(*side.channel, CmEventType::addr_resolved);
   EXPECT_TRUE(id->resolve_route());

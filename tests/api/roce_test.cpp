@@ -393,20 +393,7 @@ TEST(Roce, BacklogBoundsUndecidedRequests) {
 // A RoCE id of `side` from `source` (0: the device picks) to `to`, resolved, with its QP.
 std::unique_ptr<CmId> roce_routed(Side& side, const sockaddr_in& to, std::uint32_t source,
                                   std::initializer_list<std::pair<CmOption, std::int64_t>> options) {
-  auto id = roce_id(side);
-  for (const auto& [option, value] : options) EXPECT_TRUE(id->set_option(option, value));
-  if (source != 0) {
-    sockaddr_in from{};
-    from.sin_family = AF_INET;
-    from.sin_addr.s_addr = htonl(source);
-    EXPECT_TRUE(id->bind(from));
-  }
-  EXPECT_TRUE(id->resolve_addr(to));
-  expect_event(*side.channel, CmEventType::addr_resolved);
-  EXPECT_TRUE(id->resolve_route());
-  expect_event(*side.channel, CmEventType::route_resolved);
-  id->create_qp(*side.pd, side.qp_attr()).value();
-  return id;
+  return routed_id(side, to, options, Transport::roce, source);
 }
 
 // The next event of `channel` about `id`, others skipped.
