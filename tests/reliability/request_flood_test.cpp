@@ -40,7 +40,7 @@ class RequestFlood : public testing::TestWithParam<FloodCase> {};
 
 TEST_P(RequestFlood, TheListenerHoldsItsBacklogAndRefusesTheRest) {
   constexpr int kBacklog = 16;
-  constexpr std::size_t kTotal = 1000;
+  constexpr std::size_t kTotal = 600;
   // What one undecided request may cost the listener's process, generously: a CmId with its
   // event and transport state, a stream's buffers (measured: about 2 KiB).
   constexpr std::int64_t kPerRequest = 16 * 1024;
