@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -146,23 +147,40 @@ struct Verifier {
   }
 };
 
+// What one side has outstanding on its QP: sends whose completions have not come yet, and
+// receive completions that came while it waited for a send's. Over RoCE a send completes on
+// the peer's ACK, and the peer may coalesce that ACK behind its next message: RC orders
+// neither direction against the other, so the next receive can complete first.
+struct Outstanding {
+  int sends = 0;
+  std::deque<WorkCompletion> receives;
+};
+
 // Waits for the next receive completion, retiring the send-side completions seen meanwhile.
-WorkCompletion wait_recv(Endpoint& ep, int& sends_pending) {
-  return ep.wait_for(WcOpcode::recv, [&](const WorkCompletion&) { --sends_pending; });
+WorkCompletion wait_recv(Endpoint& ep, Outstanding& pending) {
+  if (!pending.receives.empty()) {
+    const WorkCompletion wc = pending.receives.front();
+    pending.receives.pop_front();
+    return wc;
+  }
+  return ep.wait_for(WcOpcode::recv, [&](const WorkCompletion&) { --pending.sends; });
 }
 
-void drain_sends(Endpoint& ep, int& sends_pending) {
-  while (sends_pending > 0) {
+void drain_sends(Endpoint& ep, Outstanding& pending) {
+  while (pending.sends > 0) {
     const WorkCompletion wc = ep.wait_completion();
-    if (wc.opcode == WcOpcode::recv) throw ToolError("unexpected receive completion");
-    --sends_pending;
+    if (wc.opcode == WcOpcode::recv) {
+      pending.receives.push_back(wc);
+      continue;
+    }
+    --pending.sends;
   }
 }
 
-void send_control(Endpoint& ep, Buffer& tx, const Control& c, int& sends_pending) {
+void send_control(Endpoint& ep, Buffer& tx, const Control& c, Outstanding& pending) {
   encode_control(c, tx.span());
   ep.post_send(tx, 0, kControlSize, c.iter);
-  ++sends_pending;
+  ++pending.sends;
 }
 
 // --- server ---
@@ -178,7 +196,7 @@ std::uint32_t serve_client(Device& device, EventStash& stash, CmEvent request, c
   }
   Endpoint ep(device, std::move(id), ping_config(), &stash);
   const std::size_t size = hello->size;
-  int sends_pending = 0;
+  Outstanding pending;
   Verifier v{.who = "server"};
 
   Buffer* data[2] = {nullptr, nullptr};
@@ -210,17 +228,17 @@ std::uint32_t serve_client(Device& device, EventStash& stash, CmEvent request, c
   for (std::uint32_t i = 0; i < hello->count; ++i) {
     switch (hello->op) {
       case Op::send: {
-        const WorkCompletion wc = wait_recv(ep, sends_pending);
+        const WorkCompletion wc = wait_recv(ep, pending);
         Buffer& b = *data[wc.wr_id & 1];
         v.check(std::span(b.data(), std::min<std::size_t>(size, wc.byte_len)), i, size, wc.byte_len);
         ep.post_send(b, 0, wc.byte_len, i);
-        ++sends_pending;
-        drain_sends(ep, sends_pending);  // the echo left the buffer: it may receive again
+        ++pending.sends;
+        drain_sends(ep, pending);  // the echo left the buffer: it may receive again
         ep.post_recv(b, 0, size, wc.wr_id);
         break;
       }
       case Op::write: {
-        const WorkCompletion wc = wait_recv(ep, sends_pending);
+        const WorkCompletion wc = wait_recv(ep, pending);
         const Control c = decode_control(std::span(ctrl_rx->data(), kControlSize));
         if (wc.byte_len != kControlSize || c.kind != kWritten || c.iter != i)
           throw ToolError(fmt::format("iteration {}: unexpected control message (kind {}, iter {})", i, c.kind, c.iter));
@@ -228,26 +246,26 @@ std::uint32_t serve_client(Device& device, EventStash& stash, CmEvent request, c
         v.check(data[0]->span(), i, size, size);
         std::memset(data[0]->data(), 0, size);  // the next iteration must really write
         ep.post_recv(*ctrl_rx, 0, kControlSize, 0);
-        drain_sends(ep, sends_pending);
+        drain_sends(ep, pending);
         send_control(ep, *ctrl_tx, Control{.kind = kStatus, .iter = i, .status = v.errors != before ? 1u : 0u},
-                     sends_pending);
+                     pending);
         break;
       }
       case Op::read: {
-        const WorkCompletion wc = wait_recv(ep, sends_pending);
+        const WorkCompletion wc = wait_recv(ep, pending);
         const Control c = decode_control(std::span(ctrl_rx->data(), kControlSize));
         if (wc.byte_len != kControlSize || c.kind != kPrepare || c.iter != i)
           throw ToolError(fmt::format("iteration {}: unexpected control message (kind {}, iter {})", i, c.kind, c.iter));
         fill_pattern(data[0]->span(), i);
         ep.post_recv(*ctrl_rx, 0, kControlSize, 0);
-        drain_sends(ep, sends_pending);
-        send_control(ep, *ctrl_tx, Control{.kind = kReady, .iter = i}, sends_pending);
+        drain_sends(ep, pending);
+        send_control(ep, *ctrl_tx, Control{.kind = kReady, .iter = i}, pending);
         v.verified++;  // the client verifies what it reads
         break;
       }
     }
   }
-  drain_sends(ep, sends_pending);
+  drain_sends(ep, pending);
   const auto elapsed = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
   // The client closes once it has checked the last iteration.
   ep.wait_event({CmEventType::disconnected});
@@ -311,7 +329,7 @@ void run_client_iterations(const PingOptions& opts, Op op, ClientResult& result)
   Buffer& ctrl_tx = ep.add_buffer(kControlSize);
   Buffer& ctrl_rx = ep.add_buffer(kControlSize);
   Verifier v{.who = "client"};
-  int sends_pending = 0;
+  Outstanding pending;
 
   ConnParam param;
   param.private_data = encode_hello(Hello{.op = op, .size = size, .count = opts.count});
@@ -328,9 +346,9 @@ void run_client_iterations(const PingOptions& opts, Op op, ClientResult& result)
         ep.post_recv(rx, 0, size, i);
         fill_pattern(tx.span(), i);
         ep.post_send(tx, 0, size, i);
-        ++sends_pending;
-        const WorkCompletion wc = wait_recv(ep, sends_pending);
-        drain_sends(ep, sends_pending);
+        ++pending.sends;
+        const WorkCompletion wc = wait_recv(ep, pending);
+        drain_sends(ep, pending);
         v.check(std::span(rx.data(), std::min<std::size_t>(size, wc.byte_len)), i, size, wc.byte_len);
         break;
       }
@@ -338,10 +356,10 @@ void run_client_iterations(const PingOptions& opts, Op op, ClientResult& result)
         ep.post_recv(ctrl_rx, 0, kControlSize, i);
         fill_pattern(tx.span(), i);
         ep.post_write(tx, 0, size, grant->addr, grant->rkey, i);
-        ++sends_pending;
-        send_control(ep, ctrl_tx, Control{.kind = kWritten, .iter = i}, sends_pending);
-        const WorkCompletion wc = wait_recv(ep, sends_pending);
-        drain_sends(ep, sends_pending);
+        ++pending.sends;
+        send_control(ep, ctrl_tx, Control{.kind = kWritten, .iter = i}, pending);
+        const WorkCompletion wc = wait_recv(ep, pending);
+        drain_sends(ep, pending);
         const Control c = decode_control(std::span(ctrl_rx.data(), kControlSize));
         if (wc.byte_len != kControlSize || c.kind != kStatus || c.iter != i)
           throw ToolError(fmt::format("iteration {}: unexpected control message (kind {}, iter {})", i, c.kind, c.iter));
@@ -354,17 +372,17 @@ void run_client_iterations(const PingOptions& opts, Op op, ClientResult& result)
       }
       case Op::read: {
         ep.post_recv(ctrl_rx, 0, kControlSize, i);
-        send_control(ep, ctrl_tx, Control{.kind = kPrepare, .iter = i}, sends_pending);
-        const WorkCompletion wc = wait_recv(ep, sends_pending);
-        drain_sends(ep, sends_pending);
+        send_control(ep, ctrl_tx, Control{.kind = kPrepare, .iter = i}, pending);
+        const WorkCompletion wc = wait_recv(ep, pending);
+        drain_sends(ep, pending);
         const Control c = decode_control(std::span(ctrl_rx.data(), kControlSize));
         if (wc.byte_len != kControlSize || c.kind != kReady || c.iter != i)
           throw ToolError(fmt::format("iteration {}: unexpected control message (kind {}, iter {})", i, c.kind, c.iter));
         std::memset(rx.data(), 0, size);
         ep.post_read(rx, 0, size, grant->addr, grant->rkey, i);
-        ++sends_pending;
+        ++pending.sends;
         const WorkCompletion done = ep.wait_completion();
-        --sends_pending;
+        --pending.sends;
         if (done.opcode != WcOpcode::rdma_read) throw ToolError("unexpected completion");
         v.check(rx.span(), i, size, size);
         break;
