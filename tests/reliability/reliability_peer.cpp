@@ -15,7 +15,7 @@
 //                                         <window> held open and silent
 //   roce-client <address> <port>          peercm RoCE client (client/server model) that
 //                                         connects to <address>:<port> and then idles
-//   request-flood <iwarp|roce> <cs|p2p> <address> <port> <total>
+//   request-flood <iwarp|roce> <cs|p2p> <address> <port> <total> [<source address>]
 //                                         <total> whole connection requests at <address>:<port>,
 //                                         as fast as they go, none of them ever completed:
 //                                         iWARP: TCP connects each sending one MPA Request
@@ -45,6 +45,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -383,7 +384,7 @@ int flood(std::uint16_t port, std::size_t total, std::size_t window, std::size_t
 }
 
 // request-flood: see the top of the file.
-int request_flood_iwarp(bool p2p, const sockaddr_in& target, std::size_t total) {
+int request_flood_iwarp(bool p2p, const sockaddr_in& target, std::size_t total, const sockaddr_in& source) {
   // Every request stays open (as far as the descriptor limit allows): a held request whose
   // peer went away is no longer the listener's, and the flood should not let it off that way.
   rlimit limit{};
@@ -408,6 +409,8 @@ int request_flood_iwarp(bool p2p, const sockaddr_in& target, std::size_t total) 
   for (std::size_t i = 0; i < total; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) die("socket " + std::string(std::strerror(errno)));
+    if (source.sin_addr.s_addr != 0 && ::bind(fd, reinterpret_cast<const sockaddr*>(&source), sizeof source) != 0)
+      die("bind " + std::string(std::strerror(errno)));
     timeval limit_connect{.tv_sec = 0, .tv_usec = 200000};
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit_connect, sizeof limit_connect);
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&target), sizeof target) != 0) {
@@ -428,10 +431,11 @@ int request_flood_iwarp(bool p2p, const sockaddr_in& target, std::size_t total) 
   block();
 }
 
-int request_flood_roce(bool p2p, const sockaddr_in& target, std::size_t total) {
+int request_flood_roce(bool p2p, const sockaddr_in& target, std::size_t total, const sockaddr_in& source) {
   auto context = std::move(Context::open().value());
   auto channel = std::move(EventChannel::create().value());
-  std::vector<std::unique_ptr<CmId>> ids;
+  // A refused id goes at once: its service port (one of 16,384 ephemeral ones) is free again.
+  std::map<const CmId*, std::unique_ptr<CmId>> ids;
   std::size_t sent = 0, refused = 0;
   auto drain = [&](std::chrono::milliseconds wait) {
     while (auto event = channel->get_event(wait)) {
@@ -444,6 +448,9 @@ int request_flood_roce(bool p2p, const sockaddr_in& target, std::size_t total) {
         if (event->id->connect(param)) ++sent;
       } else if (event->type == CmEventType::rejected) {
         ++refused;
+        ids.erase(event->id);
+      } else if (event->type == CmEventType::unreachable || event->type == CmEventType::connect_error) {
+        ids.erase(event->id);
       }
       wait = std::chrono::milliseconds(0);
     }
@@ -452,9 +459,13 @@ int request_flood_roce(bool p2p, const sockaddr_in& target, std::size_t total) {
     auto id = std::move(CmId::create(*context, *channel, nullptr, Transport::roce).value());
     (void)id->set_option(CmOption::peer_to_peer, p2p ? 1 : 0);
     (void)id->set_option(CmOption::p2p_tag, static_cast<std::int64_t>(i));
+    if (source.sin_addr.s_addr != 0) (void)id->bind(source);
     (void)id->resolve_addr(target);
-    ids.push_back(std::move(id));
+    const CmId* key = id.get();
+    ids.emplace(key, std::move(id));
     if (i % 64 == 63) drain(0ms);
+    // Never more than 8,192 at once: the ephemeral service ports run out at 16,384.
+    while (ids.size() >= 8192) drain(10ms);
     if (i == 0) say("started");
   }
   for (const auto until = std::chrono::steady_clock::now() + 3s; std::chrono::steady_clock::now() < until;) drain(10ms);
@@ -463,11 +474,15 @@ int request_flood_roce(bool p2p, const sockaddr_in& target, std::size_t total) {
 }
 
 int request_flood(const std::string& transport, const std::string& kind, const char* address, std::uint16_t port,
-                  std::size_t total) {
+                  std::size_t total, const char* from) {
   sockaddr_in target = loopback(port);
   if (::inet_pton(AF_INET, address, &target.sin_addr) != 1) die("address");
+  sockaddr_in source = loopback(0);
+  source.sin_addr.s_addr = 0;
+  if (from != nullptr && ::inet_pton(AF_INET, from, &source.sin_addr) != 1) die("source address");
   const bool p2p = kind == "p2p";
-  return transport == "roce" ? request_flood_roce(p2p, target, total) : request_flood_iwarp(p2p, target, total);
+  return transport == "roce" ? request_flood_roce(p2p, target, total, source)
+                             : request_flood_iwarp(p2p, target, total, source);
 }
 
 }  // namespace
@@ -485,8 +500,9 @@ int main(int argc, char** argv) {
   if (args.size() == 4 && args[0] == "p2p-collide")
     return p2p_collide(port_arg(argv[2]), std::strtoull(argv[3], nullptr, 0),
                        static_cast<std::uint32_t>(std::strtoul(argv[4], nullptr, 10)));
-  if (args.size() == 6 && args[0] == "request-flood")
-    return request_flood(args[1], args[2], argv[4], port_arg(argv[5]), std::strtoull(argv[6], nullptr, 10));
+  if ((args.size() == 6 || args.size() == 7) && args[0] == "request-flood")
+    return request_flood(args[1], args[2], argv[4], port_arg(argv[5]), std::strtoull(argv[6], nullptr, 10),
+                         args.size() == 7 ? argv[7] : nullptr);
   if (args.size() == 5 && args[0] == "flood")
     return flood(port_arg(argv[2]), std::strtoull(argv[3], nullptr, 10), std::strtoull(argv[4], nullptr, 10),
                  std::strtoull(argv[5], nullptr, 10));
