@@ -16,7 +16,7 @@ build=${1:-build/release}
 total=${FLOOD_TOTAL:-20000}
 peercm=$build/tools/peercm/peercm
 flooder=$build/tests/reliability/reliability_peer
-[[ -x $peercm && -x $flooder ]] || { echo "build $build first (targets peercm, reliability_peer)" >&2; exit 1; }
+[[ -x $peercm && -x $flooder ]] || { echo "build $build first (targets peercm_tool, reliability_peer)" >&2; exit 1; }
 tick=$(getconf CLK_TCK)
 
 fds_of() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
