@@ -109,12 +109,15 @@ class EventChannel {
 
 enum class CmOption : std::uint8_t {
   peer_to_peer,     // bool, default on (design.md §3)
-  // Milliseconds, default 10000. On an active id it bounds the whole setup (TCP connect and
-  // MPA exchange; a p2p attempt, design.md §3 rule 8). On a listening id it bounds every
-  // incoming setup, from the TCP accept to the application's accept() or reject(): a peer
-  // that sends no MPA Request, or sends it too slowly, is closed then (RFC 5044 §7.1.2).
-  // It applies to connections accepted after the call. Over RoCE it bounds a p2p attempt
-  // (rule 8); a client-server attempt ends on the IB CM's own timers (RoceOptions).
+  // Milliseconds, default 10000. On an active id it bounds the whole attempt, p2p or
+  // client/server, over iWARP and RoCE alike (docs/p2p.md R8): without ESTABLISHED (or a
+  // reject) by then the attempt ends UNREACHABLE (ETIMEDOUT) if the peer was never heard
+  // (iWARP: the TCP connect did not complete; RoCE: nothing answered the REQ), CONNECT_ERROR
+  // (ETIMEDOUT, RejectReason::timeout) otherwise; a p2p attempt always CONNECT_ERROR. Over
+  // RoCE the peer is sent a REJ(timeout); the IB CM's own resends (RoceOptions) may end the
+  // attempt sooner. On a listening id it bounds every incoming setup, from the TCP accept to
+  // the application's accept() or reject(): a peer that sends no MPA Request, or sends it too
+  // slowly, is closed then (RFC 5044 §7.1.2). It applies to connections accepted after the call.
   connect_timeout,
   crc,              // 0 required, 1 preferred, 2 off
   p2p_tag,          // 32-bit tag of the p2p key

@@ -160,6 +160,26 @@ TEST(Connection, InitiatorTimesOutASilentServer) {
   EXPECT_TRUE(eof) << "the initiator closes the socket after its timeout";
 }
 
+// The same bound without p2p (one rule for both models, cm.hpp CmOption::connect_timeout):
+// the TCP connect completed, so the attempt ends CONNECT_ERROR, not UNREACHABLE.
+TEST(Connection, ClientServerInitiatorTimesOutASilentServer) {
+  RawListener silent;
+  Side client;
+  client.id = routed_id(client, loopback(silent.port()), {{CmOption::peer_to_peer, 0}, {CmOption::connect_timeout, 200}});
+  client.qp = client.id->qp();
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(client.id->connect({}));
+  auto accepted = silent.accept_one(2s);
+  ASSERT_GE(accepted.fd(), 0);
+  auto event = expect_event(*client.channel, CmEventType::connect_error, 3s);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 200ms);
+  EXPECT_EQ(event.status, ETIMEDOUT);
+  EXPECT_EQ(event.reject_reason, RejectReason::timeout);
+  bool eof = false;
+  accepted.read_for(2s, &eof);
+  EXPECT_TRUE(eof) << "the initiator closes the socket after its timeout";
+}
+
 // A connect whose SYN is dropped stays in SYN_SENT. A busy-polling application drives the
 // reactor's direct passes, which offer EPOLLOUT to sockets waiting for room; a connecting
 // socket must not take that for "connected": it ends as a TCP connect that timed out.

@@ -486,6 +486,28 @@ TEST(Roce, P2pAttemptEndsAtTheIdsConnectTimeout) {
   ::close(holder);
 }
 
+// The same bound for a client/server attempt: the id's connect timeout, not the IB CM's REQ
+// retries (≈ 4.3 s each by default), ends it; UNREACHABLE, since the peer never spoke.
+TEST(Roce, ClientServerAttemptEndsAtTheIdsConnectTimeout) {
+  const sockaddr_in silent = random_loopback(7471);
+  const int holder = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(holder, 0);
+  sockaddr_in port = silent;
+  port.sin_port = htons(4791);
+  ASSERT_EQ(::bind(holder, reinterpret_cast<const sockaddr*>(&port), sizeof port), 0);
+  Side client;
+  resolve_towards_nobody(client, false, silent);
+  ASSERT_TRUE(client.id->set_option(CmOption::connect_timeout, 300));
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(client.id->connect({}));
+  const CmEvent failed = expect_event(*client.channel, CmEventType::unreachable);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(failed.status, ETIMEDOUT);
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 3s);
+  ::close(holder);
+}
+
 TEST(Roce, SocketsCloseWithTheirContexts) {
   const std::size_t before = open_fds();
   {

@@ -122,6 +122,12 @@ Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Ti
     record.pending_attempt = true;
   }
   record.conn = comm;
+  if (!params.peer_to_peer) {
+    // One rule for every active attempt (CmOption::connect_timeout): the resolver bounds a p2p
+    // one (R8); a client/server one ends here, even while the IB CM would still resend.
+    record.connect_deadline = now + params.connect_timeout.value_or(config_.connect_timeout);
+    connect_deadlines_.emplace(*record.connect_deadline, id);
+  }
   ids_.emplace(id, std::move(record));
   sync(comm, now);
   drain_resolver(now);
@@ -457,6 +463,7 @@ void IbCmAgent::handle_timeout(Time now) {
     it->second.cm.handle_timeout(now);
     sync(comm, now);
   }
+  expire_connect_deadlines(now);
   resolver_.handle_timeout(now);
   sidr_timeout(now);
   expire_tombstones(now);
@@ -491,6 +498,7 @@ std::optional<Time> IbCmAgent::next_deadline() const {
   };
   if (!timers_.empty()) earlier(timers_.begin()->first);
   if (!tombstone_expiry_.empty()) earlier(tombstone_expiry_.begin()->first);
+  if (!connect_deadlines_.empty()) earlier(connect_deadlines_.begin()->first);
   sidr_deadline(next);
   return next;
 }
@@ -584,6 +592,7 @@ void IbCmAgent::on_conn_event(std::uint32_t comm, const IbCmEvent& event, Time n
     case IbCmEvent::Kind::established: {
       if (record == nullptr) return;
       record->phase = Id::Phase::established;
+      unindex_connect_deadline(conn.owner, *record);
       if (record->pending_attempt) {
         attempts_.erase(record->qpn);
         record->pending_attempt = false;
@@ -693,8 +702,31 @@ void IbCmAgent::end_id(IbCmId id) {
   auto it = ids_.find(id);
   if (it == ids_.end()) return;
   if (it->second.pending_attempt) attempts_.erase(it->second.qpn);
+  unindex_connect_deadline(id, it->second);
   if (it->second.conn != 0) detach(it->second.conn);
   ids_.erase(it);
+}
+
+void IbCmAgent::unindex_connect_deadline(IbCmId id, Id& record) {
+  if (!record.connect_deadline) return;
+  connect_deadlines_.erase({*record.connect_deadline, id});
+  record.connect_deadline.reset();
+}
+
+// A client/server attempt reached its connect timeout before ESTABLISHED: it ends as when its
+// consumer gives up (§4.9: REJ(timeout) from REQ_SENT or MRA_REQ_RCVD, so that the passive side
+// stops too), and as over iWARP: UNREACHABLE if the peer never spoke, CONNECT_ERROR after.
+void IbCmAgent::expire_connect_deadlines(Time now) {
+  while (!connect_deadlines_.empty() && connect_deadlines_.begin()->first <= now) {
+    const IbCmId id = connect_deadlines_.begin()->second;
+    Id& record = ids_.at(id);  // end_id and ESTABLISHED take the entry out
+    const std::uint32_t comm = record.conn;
+    const bool heard = comm != 0 && conns_.at(comm).cm.heard_from_peer();
+    if (comm != 0) conns_.at(comm).cm.abort(now);
+    end_id(id);
+    if (comm != 0) sync(comm, now);
+    push_event({.kind = heard ? EventKind::connect_error : EventKind::unreachable, .id = id});
+  }
 }
 
 void IbCmAgent::push_event(IbCmAgentEvent event) { events_.push_back(std::move(event)); }

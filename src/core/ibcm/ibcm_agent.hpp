@@ -49,7 +49,8 @@ struct IbCmAgentConfig {
   NodeIdentity identity;  // guid = the CA GUID of every REQ/REP; incarnation: random per open
   Ipv4Address address{};  // our IPv4 address; the GID is ::ffff:a.b.c.d (§1.1)
   IbCmTiming timing;
-  Duration connect_timeout = std::chrono::seconds(30);  // docs/p2p.md R8, p2p attempts
+  // Bounds every active attempt whose connect() names none (CmOption::connect_timeout).
+  Duration connect_timeout = std::chrono::seconds(30);
   std::uint32_t first_comm_id = 1;  // comm IDs count up from here (random per open, §4.6)
   std::uint32_t tid_high = 1;       // the upper 32 bits of the TIDs this agent starts (§3.3)
 };
@@ -76,8 +77,9 @@ struct IbCmConnectParams {
   std::uint8_t rnr_retry_count = 7;
   std::uint8_t path_mtu = 3;
   std::vector<std::uint8_t> private_data;  // ≤ 56, or ≤ 36 with peer_to_peer
-  // A p2p attempt's deadline (docs/p2p.md R8), from connect(); none: the agent's
-  // IbCmAgentConfig::connect_timeout.
+  // The attempt ends by now + this unless ESTABLISHED (CmOption::connect_timeout): a p2p
+  // attempt by the resolver (docs/p2p.md R8), a client/server one by the agent, whatever the
+  // IB CM's own retries allow. None: the agent's IbCmAgentConfig::connect_timeout.
   std::optional<Duration> connect_timeout;
 };
 
@@ -123,9 +125,10 @@ struct IbCmAgentEvent {
     connect_request,  // a new id for a delivered REQ: accept() or reject() it
     established,
     rejected,         // the peer rejected (`reason`, `private_data`, `ari`); the id ends
-    unreachable,      // our REQ went unanswered through every retry; the id ends
-    connect_error,    // establishment failed otherwise (p2p deadline, REP retries, MRA promise,
-                      // the peer restarted); the id ends
+    unreachable,      // our REQ went unanswered through every retry or until the attempt's
+                      // connect timeout; the id ends
+    connect_error,    // establishment failed otherwise (connect timeout after the peer spoke,
+                      // p2p deadline, REP retries, MRA promise, the peer restarted); the id ends
     disconnected,
     timewait_exit,    // the id ends
   };
@@ -265,6 +268,8 @@ class IbCmAgent : private P2pBinding {
     // data, which the attempt's ESTABLISHED carries since it never sees a CONNECT_REQUEST.
     std::vector<std::uint8_t> bound_request_data;
     bool pending_attempt = false;  // active p2p: in attempts_
+    // Active client/server, until ESTABLISHED: when the attempt ends (connect_deadlines_).
+    std::optional<Time> connect_deadline;
     bool disconnect_reported = false;  // DISCONNECTED went up before the DREQ exchange ended
   };
 
@@ -300,6 +305,8 @@ class IbCmAgent : private P2pBinding {
   void index_established(std::uint32_t comm, Conn& conn);
   void remember_dropped(const RemoteKey& remote, Time now);
   void expire_tombstones(Time now);
+  void unindex_connect_deadline(IbCmId id, Id& record);
+  void expire_connect_deadlines(Time now);
 
   // ibcm_agent_sidr.cpp: SIDR
   struct SidrOutstanding {  // our SIDR_REQ, waiting for its REP
@@ -360,6 +367,7 @@ class IbCmAgent : private P2pBinding {
   std::map<RemoteKey, Time> tombstones_;          // REQs dropped or ended: copies ignored until
   std::set<std::pair<Time, RemoteKey>> tombstone_expiry_;  // tombstones_ in the order they end
   std::set<std::pair<Time, std::uint32_t>> timers_;
+  std::set<std::pair<Time, IbCmId>> connect_deadlines_;  // Id::connect_deadline, soonest first
   // ESTABLISHED connections by (peer CA GUID, peer QPN, local comm ID): §4.9's stale check
   // without a walk over every connection.
   std::set<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>> established_by_qpn_;

@@ -246,7 +246,7 @@ void IbCmConnection::take_request(const w::CmReq& req, std::uint64_t tid, Time n
 }
 
 void IbCmConnection::handle_req(const w::CmReq& req, std::uint64_t tid, Time now) {
-  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
+  peer_spoke();
   switch (state_) {
     case IbCmState::idle:
       if (!started_) take_request(req, tid, now);  // §4.9 LISTEN: REQ → REQ_RCVD
@@ -281,7 +281,7 @@ void IbCmConnection::take_reply(const w::CmRep& rep) {
 }
 
 void IbCmConnection::handle_rep(const w::CmRep& rep, Time now) {
-  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
+  peer_spoke();
   switch (state_) {
     case IbCmState::req_sent:
     case IbCmState::mra_req_rcvd:
@@ -314,7 +314,7 @@ void IbCmConnection::handle_rep(const w::CmRep& rep, Time now) {
 }
 
 void IbCmConnection::handle_rtu(const w::CmRtu& rtu, Time) {
-  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
+  peer_spoke();
   if (state_ != IbCmState::rep_sent && state_ != IbCmState::mra_rep_rcvd) {
     return;  // §4.9 duplicate RTU: ignored
   }
@@ -324,7 +324,7 @@ void IbCmConnection::handle_rtu(const w::CmRtu& rtu, Time) {
 }
 
 void IbCmConnection::handle_rej(const w::CmRej& rej, Time now) {
-  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
+  peer_spoke();
   switch (state_) {
     case IbCmState::req_sent:
     case IbCmState::mra_req_rcvd:
@@ -363,7 +363,7 @@ void IbCmConnection::handle_rej(const w::CmRej& rej, Time now) {
 }
 
 void IbCmConnection::handle_mra(const w::CmMra& mra, Time now) {
-  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
+  peer_spoke();
   // §4.9 MRA: stop resending; wait service timeout + packet lifetime, then resume.
   const Time until = now + cm_time(mra.service_timeout) + cm_time(timing_.packet_lifetime);
   if (state_ == IbCmState::req_sent && mra.message_mraed == w::MraTarget::req) {
@@ -377,7 +377,7 @@ void IbCmConnection::handle_mra(const w::CmMra& mra, Time now) {
 }
 
 void IbCmConnection::handle_dreq(const w::CmDreq& dreq, std::uint64_t tid, Time now) {
-  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
+  peer_spoke();
   if (dreq.remote_qpn != local_qpn_) return;  // §4.6: a DREQ must name our QPN, else ignored
   switch (state_) {
     case IbCmState::rep_sent:
@@ -406,7 +406,7 @@ void IbCmConnection::handle_dreq(const w::CmDreq& dreq, std::uint64_t tid, Time 
 }
 
 void IbCmConnection::handle_drep(const w::CmDrep& drep, Time now) {
-  sent_since_heard_ = 0;  // the peer spoke: it may be answered again
+  peer_spoke();
   if (state_ != IbCmState::dreq_sent) return;
   to_timewait(now);  // §4.9 DREQ_SENT: DREP → TIMEWAIT
   emit(Kind::disconnected, 0, drep.private_data);
@@ -562,6 +562,11 @@ void IbCmConnection::send(const w::CmMessage& message, std::uint64_t tid, bool k
   if (!encoded) return;
   if (keep_for_resend) this->keep_for_resend(mad);
   if (may_answer()) outbox().mads.push_back(mad);
+}
+
+void IbCmConnection::peer_spoke() {
+  sent_since_heard_ = 0;  // it may be answered again
+  heard_from_peer_ = true;
 }
 
 bool IbCmConnection::may_answer() {

@@ -73,6 +73,8 @@ class IbCmConnection {
   std::uint32_t local_qpn() const { return local_qpn_; }
   const IbCmPeer& peer() const { return peer_; }
   bool peer_known() const { return peer_known_; }
+  // Some MAD of this exchange came from the peer (an MRA too, which names no comm ID).
+  bool heard_from_peer() const { return heard_from_peer_; }
   // The private data of the REQ (passive) or REP (active) that brought the peer, until the
   // connection is ESTABLISHED: the established event carries what the owner needs of it, and an
   // established connection keeps no copy (docs/p2p-scale.md, memory per connection).
@@ -91,6 +93,8 @@ class IbCmConnection {
   void keep_for_resend(const OutboundMad& mad) { resend_ = std::make_unique<OutboundMad>(mad); }
   std::array<std::uint8_t, 8> guid_ari() const;  // REJ(timeout)'s ARI: our CA GUID (§4.8)
   void send(const wire::ibcm::CmMessage& message, std::uint64_t tid, bool keep_for_resend);
+  // A MAD of this exchange came from the peer.
+  void peer_spoke();
   // docs/reliability.md, "CM answers": false once a passive connection the peer has not
   // confirmed has sent kMaxUnpromptedAnswers packets since the peer's last datagram.
   bool may_answer();
@@ -129,6 +133,7 @@ class IbCmConnection {
   // Packets a passive connection sent since the peer's last datagram, until it is confirmed
   // (ESTABLISHED once): an unauthenticated REQ buys at most kMaxUnpromptedAnswers of them.
   std::uint32_t sent_since_heard_ = 0;
+  bool heard_from_peer_ = false;
   bool confirmed_ = false;
   Duration resend_interval_{};
   std::uint8_t max_retries_ = 0;

@@ -252,6 +252,86 @@ TEST_F(ClientServer, MraWithoutAnAnswerEndsWithRejTimeout) {
   expect_everything_gone();
 }
 
+// CmOption::connect_timeout bounds a client/server attempt as it bounds a p2p one (docs/p2p.md
+// R8): the attempt ends at connect() + its timeout even while the IB CM would still wait for
+// an answer, as a consumer giving up ends it (§4.9: REJ(timeout) to the peer).
+struct ClientServerConnectTimeout : ::testing::Test {
+  static constexpr Duration kTimeout = 300ms;
+  Fabric net;
+  void start(IbCmTiming client, IbCmTiming server) {
+    net.add(0x1111, 0, client);
+    net.add(0x2222, 0, server);
+    net.agent(kServer).listen(7471);
+  }
+  IbCmId connect() {
+    IbCmConnectParams params = connect_params(kServer, 0x100, false);
+    params.connect_timeout = kTimeout;
+    auto id = net.agent(kClient).connect(params, net.now);
+    EXPECT_TRUE(id.has_value());
+    return id ? *id : 0;
+  }
+};
+
+TEST_F(ClientServerConnectTimeout, UnansweredReqEndsUnreachableAtTheDeadline) {
+  IbCmTiming slow_answers = fast_timing();
+  slow_answers.cm_response_timeout = 20;  // each REQ waits ≈ 4.3 s: the retries would end after 17 s
+  start(slow_answers, fast_timing());
+  net.filter = [](int from, int, const OutboundMad&) { return from == kClient ? 0 : 1; };
+  const IbCmId id = connect();
+  net.run_for(kTimeout - 1ms);
+  EXPECT_EQ(net.count(kClient, EventKind::unreachable), 0);
+  EXPECT_EQ(net.agent(kClient).state_of(id), IbCmState::req_sent);
+  net.run_for(2ms);
+  EXPECT_NE(net.find(kClient, EventKind::unreachable, id), nullptr) << "nothing was heard from the server";
+  EXPECT_EQ(net.count(kClient, EventKind::connect_error), 0);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], 1);  // no resend was due yet
+  EXPECT_EQ(net.sent[w::CmAttribute::rej], 1);  // REJ(timeout), in case the REQ did arrive
+  net.run_for(1s);
+  net.expect_quiet(kClient);
+  net.expect_quiet(kServer);
+}
+
+TEST_F(ClientServerConnectTimeout, MraWithoutAnAnswerEndsConnectErrorAtTheDeadline) {
+  IbCmTiming long_promise = fast_timing();
+  long_promise.service_timeout = 20;  // the server's MRA asks for ≈ 4.3 s more
+  start(fast_timing(), long_promise);
+  const IbCmId id = connect();
+  net.run_for(60ms);
+  const IbCmAgentEvent* request = net.find(kServer, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  const IbCmId request_id = request->id;  // the server never answers it
+  EXPECT_EQ(net.sent[w::CmAttribute::mra], 1);
+  EXPECT_EQ(net.agent(kClient).state_of(id), IbCmState::mra_req_rcvd);
+  net.run_for(kTimeout - 61ms);
+  EXPECT_EQ(net.count(kClient, EventKind::connect_error), 0);
+  net.run_for(2ms);
+  EXPECT_NE(net.find(kClient, EventKind::connect_error, id), nullptr) << "the server had answered with an MRA";
+  EXPECT_EQ(net.count(kClient, EventKind::unreachable), 0);
+  EXPECT_EQ(net.sent[w::CmAttribute::rej], 1);
+  net.run_for(5ms);
+  EXPECT_FALSE(net.agent(kServer).state_of(request_id).has_value()) << "the REJ(timeout) ended the request";
+  EXPECT_FALSE(net.agent(kServer).accept(request_id, accept_params(0x200), net.now));
+  EXPECT_EQ(net.count(kServer, EventKind::established), 0);
+  net.run_for(1s);
+  net.expect_quiet(kClient);
+  net.expect_quiet(kServer);
+}
+
+// Established before its deadline, a connection outlives it.
+TEST_F(ClientServerConnectTimeout, EstablishedConnectionOutlivesTheDeadline) {
+  start(fast_timing(), fast_timing());
+  const IbCmId id = connect();
+  net.run_for(3ms);
+  const IbCmAgentEvent* request = net.find(kServer, EventKind::connect_request);
+  ASSERT_NE(request, nullptr);
+  ASSERT_TRUE(net.agent(kServer).accept(request->id, accept_params(0x200), net.now));
+  net.run_for(2 * kTimeout);
+  EXPECT_NE(net.find(kClient, EventKind::established, id), nullptr);
+  EXPECT_EQ(net.agent(kClient).state_of(id), IbCmState::established);
+  EXPECT_FALSE(net.agent(kClient).next_deadline().has_value());
+  EXPECT_EQ(net.count(kClient, EventKind::unreachable) + net.count(kClient, EventKind::connect_error), 0);
+}
+
 TEST_F(ClientServer, RejectCarriesPrivateDataToTheClient) {
   const IbCmId id = connect();
   net.run_for(3ms);
