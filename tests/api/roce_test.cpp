@@ -623,7 +623,7 @@ P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, st
     if (good != 2 * kEarlySends) r.error = std::to_string(good) + " of the messages completed";
     if (inbox != std::vector<std::uint8_t>(inbox.size(), traffic->peer_mark)) r.error = "wrong bytes";
     r.ack_timeouts = detail::roce::rc_stats(*qp).ack_timeouts;
-    r.dropped_early = detail::roce::rc_stats(*qp).dropped_unexpected;
+    r.dropped_early = detail::roce::rc_stats(*qp).dropped_not_connected;
   }
   start.arrive_and_wait();  // both saw the outcome before anyone disconnects
   if (r.established) {
@@ -825,7 +825,7 @@ TEST(Roce, SendsPostedBeforeEstablishedNeedNoResend) {
     ASSERT_EQ(received.size(), 8u);
     EXPECT_EQ(inbox, std::vector<std::uint8_t>(inbox.size(), 7));
     EXPECT_EQ(detail::roce::rc_stats(*pair.client.qp).ack_timeouts, 0u);
-    EXPECT_EQ(detail::roce::rc_stats(*pair.server.qp).dropped_unexpected, 0u);
+    EXPECT_EQ(detail::roce::rc_stats(*pair.server.qp).dropped_not_connected, 0u);
   }
 }
 

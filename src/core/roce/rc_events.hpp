@@ -41,9 +41,12 @@ struct RcStats {
   std::uint64_t dropped_bad_icrc = 0;    // §1.3: dropped silently and counted
   std::uint64_t dropped_malformed = 0;   // decode errors, wrong QPN or P_Key
   std::uint64_t dropped_unexpected = 0;  // stale or bogus responses, early requests
+  std::uint64_t dropped_not_connected = 0;  // arrived before connect() (or in ERROR)
   std::uint64_t dropped_foreign_source = 0;  // from an address other than the peer's
   std::uint64_t retransmitted_packets = 0;
   std::uint64_t ack_timeouts = 0;
+  std::uint64_t recovery_timeouts = 0;  // the measured-RTT timer fired (no retry spent)
+  std::uint64_t recovery_probes = 0;    // of which answered by a probe, not go-back-N
   std::uint64_t acks_sent = 0;
   std::uint64_t sequence_naks_sent = 0;
   std::uint64_t sequence_naks_received = 0;

@@ -160,7 +160,7 @@ void RcQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, con
   now_ = std::max(now_, now);
   ++stats_.datagrams_received;
   if (!connected_ || state_ == QpState::error) {
-    ++stats_.dropped_unexpected;
+    ++stats_.dropped_not_connected;
     return;
   }
   if (source_ip != params_.remote_ip) {
@@ -200,6 +200,7 @@ void RcQueuePair::handle_timeout(Time now) {
   if (state_ == QpState::error) return;
   if (rnr_until_ && now_ >= *rnr_until_) rnr_until_.reset();
   if (ack_deadline_ && now_ >= *ack_deadline_) requester_timeout();
+  if (recovery_deadline_ && now_ >= *recovery_deadline_) recovery_timeout();
   if (keepalive_due_ && now_ >= *keepalive_due_) keepalive_timeout();
   after_input();
 }
@@ -220,6 +221,7 @@ std::optional<Time> RcQueuePair::next_deadline() const {
   if (state_ == QpState::error) return std::nullopt;
   std::optional<Time> next = ack_deadline_;
   if (rnr_until_ && (!next || *rnr_until_ < *next)) next = rnr_until_;
+  if (recovery_deadline_ && (!next || *recovery_deadline_ < *next)) next = recovery_deadline_;
   if (ack_held() && (!next || *ack_hold_until_ < *next)) next = ack_hold_until_;
   if (keepalive_due_ && (!next || *keepalive_due_ < *next)) next = keepalive_due_;
   return next;
@@ -241,9 +243,11 @@ void RcQueuePair::enter_error(const RcEvent& event) {
   state_ = QpState::error;
   event_ = event;
   ack_deadline_.reset();
+  recovery_deadline_.reset();
   rnr_until_.reset();
   keepalive_due_.reset();
   probe_owed_ = false;
+  recovery_probe_owed_ = false;
   // Answers the responder already owes (and its final NAK) still leave after its own
   // error, so that the peer learns why; any other error ends the conversation.
   const bool responder_cause = event.cause == RcErrorCause::invalid_request ||

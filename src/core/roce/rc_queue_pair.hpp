@@ -168,6 +168,10 @@ class RcQueuePair {
   void fail_requester(RcErrorCause cause, std::uint32_t psn);
   void requester_timeout();
   void restart_ack_timer();
+  void recovery_timeout();
+  bool next_recovery_probe(TxPlan& plan);
+  void arm_recovery_timer();
+  void take_rtt_sample(std::uint32_t acknowledged_end);
   void heard_from_peer();
   void keepalive_timeout();
   bool next_keepalive_probe(TxPlan& plan);
@@ -222,6 +226,20 @@ class RcQueuePair {
   std::uint8_t rnr_retries_left_ = 7;
   std::optional<Time> ack_deadline_;
   std::optional<Time> rnr_until_;
+  // Loss recovery on the measured round trip (docs/roce-transport.md, "Loss recovery"): a
+  // loss that no NAK reports (the tail of a burst, the NAK itself, a resend lost again) gets,
+  // after the RTT-based timeout, first a probe (the newest packet again, with AckReq), then
+  // go-back-N from una; each spends no retry and doubles the timeout, and the local ACK timer
+  // above still decides when the peer is gone.
+  std::optional<Time> recovery_deadline_;
+  std::uint32_t recovery_backoff_ = 0;
+  bool recovery_probe_owed_ = false;
+  bool recovery_probed_ = false;  // since the last progress
+  // RFC 6298-style estimator over AckReq packets sent once (Karn: a resend voids the sample).
+  std::optional<std::uint32_t> rtt_sample_psn_;
+  Time rtt_sample_sent_{};
+  std::optional<Duration> srtt_;
+  Duration rttvar_{};
   // Where the last NAK, timeout or implicit NAK sent us back: further ones for the same
   // PSN before progress are echoes of the same loss and are not retried again.
   std::optional<std::uint32_t> went_back_to_;

@@ -16,6 +16,12 @@ namespace w = wire::roce;
 
 namespace {
 
+// Loss recovery (RcQueuePair::recovery_deadline_): the timeout is the smoothed RTT plus four
+// deviations, at least kMinRecoveryTimeout (a peer's progress thread may lose its CPU for about
+// that long on a busy host), kInitialRecoveryTimeout before the first sample.
+constexpr Duration kMinRecoveryTimeout = std::chrono::milliseconds(1);
+constexpr Duration kInitialRecoveryTimeout = std::chrono::milliseconds(2);
+
 // §2.5: rxe asks for an ACK at least every 64th packet of a long message; we ask twice as
 // often so that a window of 128 never waits for a timeout to move.
 constexpr std::uint32_t kAckRequestInterval = 32;
@@ -157,8 +163,14 @@ bool RcQueuePair::next_request(TxPlan& plan) {
       tx_pkt_ = 0;
     }
   }
+  const bool first_send = !w::psn_before(psn, sent_end_psn_);
+  if (first_send && bth.ack_request && !rtt_sample_psn_) {
+    rtt_sample_psn_ = psn;
+    rtt_sample_sent_ = now_;
+  }
   if (w::psn_after(tx_psn_, sent_end_psn_)) sent_end_psn_ = tx_psn_;
   if (!ack_deadline_ && ack_timeout_ != Duration::zero()) ack_deadline_ = now_ + ack_timeout_;
+  if (!recovery_deadline_) arm_recovery_timer();
   return true;
 }
 
@@ -184,6 +196,33 @@ void RcQueuePair::restart_ack_timer() {
     ack_deadline_ = now_ + ack_timeout_;
   else
     ack_deadline_.reset();
+  arm_recovery_timer();
+}
+
+// The recovery timer runs while requests await their ACK, unless the local ACK timer would
+// fire first (or is off: the application asked to wait forever) or an RNR wait holds them.
+void RcQueuePair::arm_recovery_timer() {
+  recovery_deadline_.reset();
+  if (una_psn_ == sent_end_psn_ || ack_timeout_ == Duration::zero() || rnr_until_) return;
+  Duration timeout = srtt_ ? std::max(kMinRecoveryTimeout, *srtt_ + 4 * rttvar_) : kInitialRecoveryTimeout;
+  for (std::uint32_t i = 0; i < recovery_backoff_ && timeout < ack_timeout_; ++i) timeout *= 2;
+  if (timeout >= ack_timeout_) return;
+  recovery_deadline_ = now_ + timeout;
+}
+
+// An ACK reached past the sampled packet: RFC 6298 §2 (alpha 1/8, beta 1/4).
+void RcQueuePair::take_rtt_sample(std::uint32_t acknowledged_end) {
+  if (!rtt_sample_psn_ || !w::psn_before(*rtt_sample_psn_, acknowledged_end)) return;
+  const Duration sample = now_ - rtt_sample_sent_;
+  rtt_sample_psn_.reset();
+  if (!srtt_) {
+    srtt_ = sample;
+    rttvar_ = sample / 2;
+    return;
+  }
+  const Duration deviation = sample > *srtt_ ? sample - *srtt_ : *srtt_ - sample;
+  rttvar_ = (3 * rttvar_ + deviation) / 4;
+  srtt_ = (7 * *srtt_ + sample) / 8;
 }
 
 // ---------------------------------------------------------------- acknowledgement
@@ -203,10 +242,13 @@ bool RcQueuePair::advance_una(std::uint32_t target) {
     }
   }
   if (w::psn_after(target, una_psn_)) {
+    take_rtt_sample(target);
     una_psn_ = target;
     // §2.8: both retry counters start over whenever an ACK shows progress.
     retries_left_ = params_.retry_cnt;
     rnr_retries_left_ = params_.rnr_retry;
+    recovery_backoff_ = 0;
+    recovery_probed_ = false;
     went_back_to_.reset();
     complete_acked();
     if (w::psn_before(tx_psn_, una_psn_)) set_cursor(una_psn_);
@@ -242,6 +284,7 @@ void RcQueuePair::go_back(std::uint32_t psn, bool counts_as_retry) {
     --retries_left_;
   }
   went_back_to_ = psn;
+  rtt_sample_psn_.reset();
   set_cursor(psn);
   restart_ack_timer();
 }
@@ -257,8 +300,55 @@ void RcQueuePair::requester_timeout() {
   }
   --retries_left_;
   went_back_to_ = una_psn_;
+  rtt_sample_psn_.reset();
   set_cursor(una_psn_);
   restart_ack_timer();
+}
+
+// No ACK within the measured round trip: the same go-back-N from una as the local ACK timer,
+// but it spends no retry and leaves that timer running, so a peer that is gone is still
+// declared so after retry_cnt local ACK timeouts, exactly as without it.
+//
+// First a probe, the newest packet sent once more with AckReq. A peer that was only slow
+// answers it as a duplicate with an ACK of everything: one packet spent, not a window. A
+// lost tail makes it out of sequence there: the NAK that the lost packets could not cause.
+// A probe unanswered (the NAK or a resend was lost, and the responder NAKs a gap once, §2.4)
+// is followed by go-back-N from una. A READ's request is never probed: resent, it would
+// replay its responses.
+void RcQueuePair::recovery_timeout() {
+  recovery_deadline_.reset();
+  if (una_psn_ == sent_end_psn_ || rnr_until_) return;
+  ++stats_.recovery_timeouts;
+  ++recovery_backoff_;
+  rtt_sample_psn_.reset();
+  const SendEntry* newest = entry_with_psn(w::psn_sub(sent_end_psn_, 1));
+  if (!recovery_probed_ && newest && newest->wr.opcode != WrOpcode::rdma_read) {
+    recovery_probed_ = true;
+    recovery_probe_owed_ = true;
+  } else {
+    went_back_to_ = una_psn_;
+    set_cursor(una_psn_);
+  }
+  arm_recovery_timer();
+}
+
+// The probe: the packet at the newest PSN sent, built as it was first sent (the same
+// opcode and payload), but asking for an ACK. The send cursor stays where it was.
+bool RcQueuePair::next_recovery_probe(TxPlan& plan) {
+  if (!recovery_probe_owed_) return false;
+  recovery_probe_owed_ = false;
+  if (state_ != QpState::rts || una_psn_ == sent_end_psn_ || rnr_until_) return false;
+  const std::uint64_t seq = tx_seq_;
+  const std::uint32_t pkt = tx_pkt_, psn = tx_psn_;
+  set_cursor(w::psn_sub(sent_end_psn_, 1));
+  const bool built = next_request(plan);
+  tx_seq_ = seq;
+  tx_pkt_ = pkt;
+  tx_psn_ = psn;
+  if (!built) return false;
+  plan.headers.bth.ack_request = true;
+  ++stats_.recovery_probes;
+  return true;
 }
 
 // ---------------------------------------------------------------- keepalive
@@ -355,8 +445,10 @@ void RcQueuePair::handle_ack(std::uint32_t psn, const w::Aeth& aeth) {
         --rnr_retries_left_;
       }
       went_back_to_ = psn;
+      rtt_sample_psn_.reset();
       set_cursor(psn);
       ack_deadline_.reset();
+      recovery_deadline_.reset();
       rnr_until_ = now_ + std::chrono::microseconds(w::rnr_timer_us(aeth.value));
       return;
     }

@@ -27,12 +27,12 @@ bool RcQueuePair::next_packet(TxPlan& plan) {
     alternating_ = false;
   }
   if (next_response(plan)) return true;
-  return next_request(plan) || next_keepalive_probe(plan);
+  return next_recovery_probe(plan) || next_request(plan) || next_keepalive_probe(plan);
 }
 
 bool RcQueuePair::has_datagram() const {
   const bool held = ack_held() && now_ < *ack_hold_until_;
-  return (!responses_.empty() && !held) || requester_ready() || probe_owed_;
+  return (!responses_.empty() && !held) || requester_ready() || probe_owed_ || recovery_probe_owed_;
 }
 
 std::size_t RcQueuePair::max_datagram_size() const {

@@ -402,6 +402,77 @@ TEST(RcRules, WithoutKeepaliveAnIdleQpSendsNothingAndHasNoDeadline) {
   EXPECT_EQ(wire.a.qp.stats().datagrams_sent + wire.b.qp.stats().datagrams_sent, 0u);
 }
 
+// --- loss recovery on the measured round trip (docs/roce-transport.md, "Loss recovery") ---
+
+// A three-packet Send (PSNs 100-102) whose datagrams the filter may drop, once each.
+struct LossCase {
+  Wire wire;
+  Mr src = wire.a.reg(1000);
+  Mr dst = wire.b.reg(1000);
+  explicit LossCase(std::function<bool(int from, const w::PacketView&)> drop_once) {
+    fill_pattern(src.bytes(0, 650), 9);
+    EXPECT_TRUE(wire.b.recv(1, {dst.sge(0, 1000)}));
+    EXPECT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, 650)}));
+    wire.filter = [drop_once](int from, const w::PacketView& v) { return !drop_once(from, v); };
+    wire.run();
+  }
+  void expect_delivered() {
+    ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+    EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+    ASSERT_EQ(wire.b.rcq.wcs.size(), 1u);
+    EXPECT_TRUE(has_pattern(dst.bytes(0, 650), 9));
+    EXPECT_EQ(wire.a.qp.stats().ack_timeouts, 0u);  // no retry spent, well before the ACK timer
+  }
+};
+
+// Returns a filter that drops the first datagram matching `match` and lets the rest through.
+template <class Match>
+std::function<bool(int, const w::PacketView&)> once(Match match) {
+  auto dropped = std::make_shared<bool>(false);
+  return [dropped, match](int from, const w::PacketView& v) {
+    if (*dropped || !match(from, v)) return false;
+    *dropped = true;
+    return true;
+  };
+}
+
+// The last packet lost: nothing behind it makes the responder NAK. The probe (that packet
+// again) is the resend.
+TEST(RcRules, LostTailIsResentByTheRecoveryProbe) {
+  LossCase c(once([](int from, const w::PacketView& v) { return from == 0 && v.headers.bth.psn == 102; }));
+  c.expect_delivered();
+  EXPECT_EQ(c.wire.a.qp.stats().recovery_timeouts, 1u);
+  EXPECT_EQ(c.wire.a.qp.stats().recovery_probes, 1u);
+  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 1u);
+  EXPECT_LT(c.wire.now - Time{}, local_ack_timeout_duration(12) / 4);
+}
+
+// The ACK lost (or a peer too slow to answer in time): the probe is a duplicate there, answered
+// with an ACK of everything. One packet is resent, not the window.
+TEST(RcRules, LostAckCostsOneProbe) {
+  LossCase c(once([](int from, const w::PacketView& v) { return from == 1 && v.headers.bth.opcode == O::rc_acknowledge; }));
+  c.expect_delivered();
+  EXPECT_EQ(c.wire.a.qp.stats().recovery_probes, 1u);
+  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 1u);
+  EXPECT_EQ(c.wire.b.qp.stats().duplicate_requests, 1u);
+}
+
+// The first packet and the NAK it caused both lost: the responder NAKs a gap once, so the probe
+// goes unanswered, and the next recovery timeout goes back to una.
+TEST(RcRules, LostNakIsRecoveredByGoBackAfterTheProbe) {
+  auto first = once([](int from, const w::PacketView& v) { return from == 0 && v.headers.bth.psn == 100; });
+  auto nak = once([](int from, const w::PacketView& v) {
+    return from == 1 && v.headers.aeth.kind == w::AethKind::nak;
+  });
+  LossCase c([first, nak](int from, const w::PacketView& v) { return first(from, v) || nak(from, v); });
+  c.expect_delivered();
+  EXPECT_EQ(c.wire.b.qp.stats().sequence_naks_sent, 1u);
+  EXPECT_EQ(c.wire.a.qp.stats().recovery_timeouts, 2u);
+  EXPECT_EQ(c.wire.a.qp.stats().recovery_probes, 1u);
+  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 4u);  // the probe, then 100-102
+  EXPECT_LT(c.wire.now - Time{}, local_ack_timeout_duration(12) / 2);
+}
+
 TEST(RcRules, RetryExceededWhenThePeerIsGone) {
   PairParams p = pair_params();
   p.a.retry_cnt = 3;
@@ -414,9 +485,13 @@ TEST(RcRules, RetryExceededWhenThePeerIsGone) {
   ASSERT_TRUE(wire.a.post(2, WrOpcode::rdma_write, {src.sge(0, 100)}, 0, 0, 0));
   ASSERT_TRUE(wire.a.post(3, WrOpcode::rdma_read, {src.sge(0, 100)}, 0, 0, 0));
   wire.run();
+  // The peer is declared gone at the same moment with loss recovery as without: its resends
+  // spend no retry and leave the local ACK timer running.
   EXPECT_EQ(wire.a.qp.stats().ack_timeouts, 4u);  // the first timeout and three retries
   EXPECT_EQ(wire.now - Time{}, 4 * local_ack_timeout_duration(12));
-  EXPECT_EQ(wire.a.qp.stats().retransmitted_packets, 3u * 5u);  // 3 + 1 + 1 PSNs each retry
+  EXPECT_GT(wire.a.qp.stats().recovery_timeouts, 0u);
+  // 3 + 1 + 1 PSNs each time: three retries and every recovery resend
+  EXPECT_EQ(wire.a.qp.stats().retransmitted_packets, 5u * (3u + wire.a.qp.stats().recovery_timeouts));
   ASSERT_EQ(wire.a.scq.wcs.size(), 3u);
   EXPECT_EQ(wire.a.scq.wcs[0].wr_id, 1u);
   EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::retry_exceeded);
