@@ -637,21 +637,33 @@ P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, st
   return r;
 }
 
+// One round of both nodes connecting at once (a's side on a thread of its own), a's connect
+// data marked 0xA1 and b's 0xB2.
+constexpr std::uint8_t kMarkA = 0xA1, kMarkB = 0xB2;
+std::pair<P2pRound, P2pRound> connect_both(P2pNode& a, P2pNode& b, std::uint32_t round, std::barrier<>& start,
+                                           bool traffic = false) {
+  P2pRound ra, rb;
+  const auto expect = [traffic](std::uint8_t peer_mark) {
+    return traffic ? std::optional<Traffic>(Traffic{.peer_mark = peer_mark}) : std::nullopt;
+  };
+  std::thread ta([&] { ra = p2p_round(a, b.address, round, start, kMarkA, expect(kMarkB)); });
+  rb = p2p_round(b, a.address, round, start, kMarkB, expect(kMarkA));
+  ta.join();
+  return {std::move(ra), std::move(rb)};
+}
+
 TEST(Roce, SimultaneousConnectsMakeExactlyOneConnection) {
   P2pNode a(0x1000), b(0x2000);
   std::barrier start(2);
   constexpr std::uint32_t kRounds = 100;
   for (std::uint32_t round = 0; round < kRounds; ++round) {
-    P2pRound ra, rb;
-    std::thread ta([&] { ra = p2p_round(a, b.address, round, start, 0xA1); });
-    rb = p2p_round(b, a.address, round, start, 0xB2);
-    ta.join();
+    const auto [ra, rb] = connect_both(a, b, round, start);
     ASSERT_TRUE(ra.error.empty()) << "round " << round << " a: " << ra.error;
     ASSERT_TRUE(rb.error.empty()) << "round " << round << " b: " << rb.error;
     ASSERT_EQ(ra.connect_requests + rb.connect_requests, 0) << "round " << round;
     // Both ends learn the other's connect-time data, whichever side's request became the
     // connection (before, the passive peer's ESTABLISHED carried the RTU's zeros).
-    const auto from_a = connect_data(round, 0xA1), from_b = connect_data(round, 0xB2);
+    const auto from_a = connect_data(round, kMarkA), from_b = connect_data(round, kMarkB);
     ASSERT_GE(ra.peer_data.size(), from_b.size()) << "round " << round;
     ASSERT_GE(rb.peer_data.size(), from_a.size()) << "round " << round;
     ASSERT_TRUE(std::equal(from_b.begin(), from_b.end(), ra.peer_data.begin())) << "round " << round << ": a got b's data wrong";
@@ -676,10 +688,7 @@ TEST(Roce, SimultaneousConnectsSendRightAwayWithoutResends) {
   std::barrier start(2);
   constexpr std::uint32_t kRounds = 30;
   for (std::uint32_t round = 0; round < kRounds; ++round) {
-    P2pRound ra, rb;
-    std::thread ta([&] { ra = p2p_round(a, b.address, round, start, 0xA1, Traffic{.peer_mark = 0xB2}); });
-    rb = p2p_round(b, a.address, round, start, 0xB2, Traffic{.peer_mark = 0xA1});
-    ta.join();
+    const auto [ra, rb] = connect_both(a, b, round, start, /*traffic=*/true);
     ASSERT_TRUE(ra.error.empty()) << "round " << round << " a: " << ra.error;
     ASSERT_TRUE(rb.error.empty()) << "round " << round << " b: " << rb.error;
     EXPECT_EQ(ra.dropped_early + rb.dropped_early, 0u) << "round " << round;
