@@ -57,7 +57,9 @@ void end_agent_id(CmIdImpl& id) {
 }
 
 void qp_to_error(CmIdImpl& id) {
-  if (id.qp_impl && id.qp_impl->roce) id.qp_impl->roce->rc.modify_to_error();
+  if (!id.qp_impl || !id.qp_impl->roce) return;
+  id.qp_impl->roce->rc.modify_to_error();
+  device_of(*id.ctx).touch(id.qp_impl->qp_num);
 }
 
 // ESTABLISHED: RTR and RTS with what the REQ/REP exchange agreed.
@@ -83,6 +85,7 @@ bool start_queue_pair(CmIdImpl& id, const IbCmAgentEvent& event) {
   params.udp_source_port = qp.source_port;
   params.ack_delay = device_of(*id.ctx).options().ack_delay;
   params.keepalive_interval = device_of(*id.ctx).options().keepalive_interval;
+  device_of(*id.ctx).touch(id.qp_impl->qp_num);
   return qp.rc.connect(params, now()).has_value();
 }
 
