@@ -258,6 +258,12 @@ std::uint64_t dropped_unknown_qp(Context& context) {
   return ctx.roce ? ctx.roce->dropped_unknown_qp : 0;
 }
 
+std::uint64_t qp_drains(Context& context) {
+  ContextImpl& ctx = context.impl();
+  std::lock_guard lock(ctx.mutex);
+  return ctx.roce ? ctx.roce->qp_drains() : 0;
+}
+
 PortUnreachableCounts port_unreachable_counts(Context& context) {
   ContextImpl& ctx = context.impl();
   std::lock_guard lock(ctx.mutex);
