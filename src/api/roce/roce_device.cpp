@@ -28,7 +28,7 @@ namespace peercm::detail::roce {
 namespace {
 
 std::uint32_t random_u32() {
-  std::random_device random;
+  thread_local std::random_device random;  // opened once: a draw is what each call needs
   return random();
 }
 
