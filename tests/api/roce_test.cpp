@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "api/roce/roce_verbs.hpp"
 #include "loopback_pair.hpp"
 
 namespace peercm::test {
@@ -548,6 +549,9 @@ struct P2pRound {
   std::uint32_t local_qp = 0;
   std::vector<std::uint8_t> peer_data;  // ESTABLISHED's private data
   std::string error;
+  // with traffic: the RC core's counters once the messages arrived
+  std::uint64_t ack_timeouts = 0;
+  std::uint64_t dropped_early = 0;
 };
 
 // Each node's connect carries its own bytes: the round and a mark of the node.
@@ -555,8 +559,15 @@ std::vector<std::uint8_t> connect_data(std::uint32_t round, std::uint8_t mark) {
   return {mark, static_cast<std::uint8_t>(round), static_cast<std::uint8_t>(round >> 8), 0x5A};
 }
 
+// Traffic: each node posts kEarlySends receives before connect() and kMessages Sends of
+// 64 bytes of its mark right after it, and waits for all of them before the closing barrier.
+constexpr std::size_t kEarlySends = 8;
+struct Traffic {
+  std::uint8_t peer_mark = 0;  // what the peer's Sends carry
+};
+
 P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, std::barrier<>& start,
-                   std::uint8_t mark = 0) {
+                   std::uint8_t mark = 0, std::optional<Traffic> traffic = {}) {
   P2pRound r;
   Side& s = node.side;
   auto id = roce_id(s);
@@ -574,10 +585,21 @@ P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, st
   if (!next_for_id(CmEventType::route_resolved)) r.error = "route";
   QueuePair* qp = id->create_qp(*s.pd, s.qp_attr()).value();
   r.local_qp = qp->qp_num();
+  std::vector<std::uint8_t> outbox(64, mark), inbox(64 * kEarlySends, 0);
+  auto outbox_mr = s.region(outbox);
+  auto inbox_mr = s.region(inbox);
+  if (traffic) {
+    for (std::size_t i = 0; i < kEarlySends; ++i)
+      (void)qp->post_recv(RecvWr{.wr_id = 100 + i, .sg_list = {inbox_mr->sge(i * 64, 64)}});
+  }
   start.arrive_and_wait();
   ConnParam param;
   param.private_data = connect_data(tag, mark);
   if (auto ok = id->connect(param); !ok) r.error = "connect: " + std::make_error_code(ok.error()).message();
+  if (traffic) {
+    for (std::size_t i = 0; i < kEarlySends; ++i)
+      (void)qp->post_send(SendWr{.wr_id = i, .opcode = WrOpcode::send, .sg_list = {outbox_mr->sge()}});
+  }
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   while (!r.established && r.error.empty() && std::chrono::steady_clock::now() < deadline) {
     auto e = s.channel->get_event(1s);
@@ -594,6 +616,15 @@ P2pRound p2p_round(P2pNode& node, const sockaddr_in& peer, std::uint32_t tag, st
     }
   }
   if (!r.established && r.error.empty()) r.error = "no ESTABLISHED";
+  if (traffic && r.established) {
+    const auto done = poll_n(*s.cq, 2 * kEarlySends, 5s);
+    std::size_t good = 0;
+    for (const auto& wc : done) good += wc.status == WcStatus::success;
+    if (good != 2 * kEarlySends) r.error = std::to_string(good) + " of the messages completed";
+    if (inbox != std::vector<std::uint8_t>(inbox.size(), traffic->peer_mark)) r.error = "wrong bytes";
+    r.ack_timeouts = detail::roce::rc_stats(*qp).ack_timeouts;
+    r.dropped_early = detail::roce::rc_stats(*qp).dropped_unexpected;
+  }
   start.arrive_and_wait();  // both saw the outcome before anyone disconnects
   if (r.established) {
     (void)id->disconnect();
@@ -635,6 +666,25 @@ TEST(Roce, SimultaneousConnectsMakeExactlyOneConnection) {
   EXPECT_GE(sa.collisions_won + sa.collisions_lost + sa.delivered_requests + sb.collisions_won +
                 sb.collisions_lost + sb.delivered_requests,
             kRounds);
+}
+
+// Both nodes connect at once and post Sends right after connect(). The node whose attempt
+// answers the other's REQ (R3) sent a REP, so its QP receives from then on: the first
+// Sends, which may overtake the RTU, are neither dropped nor resent on the ACK timer.
+TEST(Roce, SimultaneousConnectsSendRightAwayWithoutResends) {
+  P2pNode a(0x1000), b(0x2000);
+  std::barrier start(2);
+  constexpr std::uint32_t kRounds = 30;
+  for (std::uint32_t round = 0; round < kRounds; ++round) {
+    P2pRound ra, rb;
+    std::thread ta([&] { ra = p2p_round(a, b.address, round, start, 0xA1, Traffic{.peer_mark = 0xB2}); });
+    rb = p2p_round(b, a.address, round, start, 0xB2, Traffic{.peer_mark = 0xA1});
+    ta.join();
+    ASSERT_TRUE(ra.error.empty()) << "round " << round << " a: " << ra.error;
+    ASSERT_TRUE(rb.error.empty()) << "round " << round << " b: " << rb.error;
+    EXPECT_EQ(ra.dropped_early + rb.dropped_early, 0u) << "round " << round;
+    EXPECT_EQ(ra.ack_timeouts + rb.ack_timeouts, 0u) << "round " << round;
+  }
 }
 
 // A QP made on its own joins a RoCE id once the id has an address (its packets leave from
@@ -747,6 +797,36 @@ TEST(Roce, QueuePairsNamedByNumberCarryTheConnection) {
   EXPECT_EQ(second->connect(ConnParam{.qp_num = client_qp->qp_num()}).error(), std::errc::invalid_argument);
   pair.client.id->detach_qp();
   pair.server.id->detach_qp();
+}
+
+// Sends posted right after connect() leave as soon as the REP makes the client's QP ready to
+// send, possibly before the server has the RTU. The server's QP receives from the moment it
+// sent its REP (IB CM: the passive side is at RTR by then), so none of them is dropped and
+// none waits for the local ACK timer.
+TEST(Roce, SendsPostedBeforeEstablishedNeedNoResend) {
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE(round);
+    RocePair pair;
+    std::vector<std::uint8_t> source(64, 7), inbox(64 * 8, 0);
+    pair.start_client();
+    auto source_mr = pair.client.region(source);
+    for (std::uint64_t i = 0; i < 8; ++i)
+      ASSERT_TRUE(pair.client.qp->post_send(SendWr{.wr_id = i, .opcode = WrOpcode::send, .sg_list = {source_mr->sge()}}));
+    pair.take_request();
+    pair.server.qp = pair.server.id->create_qp(*pair.server.pd, pair.server.qp_attr()).value();
+    auto inbox_mr = pair.server.region(inbox);
+    for (std::uint64_t i = 0; i < 8; ++i)
+      ASSERT_TRUE(pair.server.qp->post_recv(RecvWr{.wr_id = i, .sg_list = {inbox_mr->sge(i * 64, 64)}}));
+    ASSERT_TRUE(pair.server.id->accept({}));
+    auto sent = poll_n(*pair.client.cq, 8, 5s);
+    ASSERT_EQ(sent.size(), 8u);
+    for (const auto& wc : sent) EXPECT_EQ(wc.status, WcStatus::success);
+    auto received = poll_n(*pair.server.cq, 8, 5s);
+    ASSERT_EQ(received.size(), 8u);
+    EXPECT_EQ(inbox, std::vector<std::uint8_t>(inbox.size(), 7));
+    EXPECT_EQ(detail::roce::rc_stats(*pair.client.qp).ack_timeouts, 0u);
+    EXPECT_EQ(detail::roce::rc_stats(*pair.server.qp).dropped_unexpected, 0u);
+  }
 }
 
 // --- a lossy wire ---

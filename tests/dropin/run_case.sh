@@ -121,8 +121,8 @@ perftest() {  # PROGRAM MODE(R|noR)
   # connection, racing the server's rdma_listen of that port. A client that loses is refused
   # (REJECTED, ECONNREFUSED, as the kernel's IB CM answers a REQ for a port nobody listens on)
   # and its retry then reuses the ids it has just destroyed: it crashes (upstream perftest
-  # reallocates them since). Over RoCE the client usually wins, the server's last Send
-  # completing only on the client's ACK. A run that lost is run again with
+  # reallocates them since). How often the client loses depends on scheduling, on both
+  # transports. A run that lost is run again with
   # connect_head_start.c preloaded into the client (its second rdma_connect waits 20 ms), and
   # so are the case's later sizes. Any other failure fails the case.
   retry_signature=

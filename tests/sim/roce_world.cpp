@@ -505,6 +505,11 @@ class RoceWorld {
         }
         return;
       }
+      case AgentEvent::reply_sent:
+        // The QP would start receiving here (api/roce/roce_cm.cpp); the CM outcome follows.
+        if (!n.ids.contains(e.id)) violation(fmt::format("n{}: REP sent for c{}, which the application does not know", i, e.id));
+        trace("n{}: c{} REP sent to QP {:#x}", i, e.id, e.peer.qpn);
+        return;
       case AgentEvent::rejected:
       case AgentEvent::unreachable:
       case AgentEvent::connect_error: {

@@ -63,10 +63,16 @@ void qp_to_error(CmIdImpl& id) {
   device_of(*id.ctx).touch(id.qp_impl->qp_num);
 }
 
-// ESTABLISHED: RTR and RTS with what the REQ/REP exchange agreed.
+// RTR and RTS with what the REQ/REP exchange agreed: the active side when the REP arrives
+// (ESTABLISHED), the passive side as its REP leaves (reply_sent), as rdma_accept does. A
+// passive QP that waited for the RTU would drop the peer's first packets, which leave right
+// behind the RTU and may overtake it, and the peer would resend them only on its local ACK
+// timer (tens of milliseconds). Starting twice for the same peer is a no-op.
 bool start_queue_pair(CmIdImpl& id, const IbCmAgentEvent& event) {
   if (!id.qp_impl && st(id).qpn_without_qp) return true;  // nothing to start
   if (!id.qp_impl || !id.qp_impl->roce) return false;
+  // A QP runs for one peer QP: an R3 rebinding to a restarted peer's REQ cannot move it.
+  if (st(id).started_for_qpn) return *st(id).started_for_qpn == event.peer.qpn;
   RoceQp& qp = *id.qp_impl->roce;
   qp.remote_address = from_bytes(event.peer_address);
   core::roce::RcConnectParams params;
@@ -87,7 +93,9 @@ bool start_queue_pair(CmIdImpl& id, const IbCmAgentEvent& event) {
   params.ack_delay = device_of(*id.ctx).options().ack_delay;
   params.keepalive_interval = device_of(*id.ctx).options().keepalive_interval;
   device_of(*id.ctx).touch(id.qp_impl->qp_num);
-  return qp.rc.connect(params, now()).has_value();
+  if (!qp.rc.connect(params, now())) return false;
+  st(id).started_for_qpn = event.peer.qpn;
+  return true;
 }
 
 ConnParam event_param(const IbCmAgentEvent& event) {
@@ -538,6 +546,17 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
   }
   switch (event.kind) {
     case Kind::connect_request: break;
+    case Kind::reply_sent:
+      if (!start_queue_pair(*id, event)) {
+        // The peer of an R3 rebinding is not the one the QP runs for: the attempt ends
+        // (REJ to the peer), and the application's retry makes a fresh QP meet the peer.
+        port.agent.destroy(event.id, now());
+        id->state = CmIdImpl::State::route_resolved;
+        end_agent_id(*id);
+        qp_to_error(*id);
+        id->emit(CmEventType::connect_error, ECONNRESET);
+      }
+      return;
     case Kind::established: {
       if (!start_queue_pair(*id, event)) {
         (void)port.agent.disconnect(event.id, now());
@@ -562,6 +581,7 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
       id->ctx->stats.rejects_received[static_cast<int>(reason)]++;
       id->state = CmIdImpl::State::route_resolved;
       end_agent_id(*id);
+      if (st(*id).started_for_qpn) qp_to_error(*id);  // its posted work flushes
       ConnParam param;
       param.private_data = event.private_data;
       id->emit(CmEventType::rejected, ECONNREFUSED, std::move(param), reason);
@@ -576,6 +596,7 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
       const bool passive = id->state == CmIdImpl::State::accepting;
       id->state = passive ? CmIdImpl::State::disconnected : CmIdImpl::State::route_resolved;
       end_agent_id(*id);
+      if (st(*id).started_for_qpn) qp_to_error(*id);  // its posted work flushes
       id->emit(CmEventType::connect_error, ETIMEDOUT, {}, RejectReason::timeout);
       return;
     }

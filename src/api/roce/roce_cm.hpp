@@ -48,6 +48,9 @@ struct RoceIdState final : TransportIdState {
   bool counted_in_backlog = false;
   std::uint32_t peer_source = 0;
   std::weak_ptr<CmIdImpl> listener;
+  // The RC core runs (RTR and RTS): since our REP left (passive), or since the REP came
+  // (active). Holds the peer's QPN it was started for.
+  std::optional<std::uint32_t> started_for_qpn;
 };
 
 class RoceCm final : public TransportCm {

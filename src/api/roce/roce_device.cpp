@@ -526,6 +526,9 @@ void RoceDevice::on_datagram(RocePort& port, std::span<const std::uint8_t> bytes
     auto mad = wire::ibcm::mad_of_gsi_packet(*packet);
     if (!mad) return;
     port.agent.handle_mad(wire::ibcm::ipv4_mapped_gid(to_bytes(source)), *mad, at);
+    // A REP starts our QP (ESTABLISHED), and the peer's first packets may be next in this
+    // batch: the CM's events are handled before the batch goes on.
+    pump();
     return;
   }
   auto found = qps_.find(destination_qp);

@@ -158,6 +158,7 @@ Status<std::errc> IbCmAgent::accept(IbCmId id, const IbCmAcceptParams& params, T
   Conn& conn = conns_.at(comm);
   if (auto status = conn.cm.accept(reply, now); !status) return status;
   record->phase = Id::Phase::accepted;
+  push_event(peer_event(EventKind::reply_sent, id, conn));
   if (record->p2p && conn.link != 0) resolver_.handle_request_accepted(conn.link);
   sync(comm, now);
   drain_resolver(now);

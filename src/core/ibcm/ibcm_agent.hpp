@@ -123,6 +123,10 @@ struct IbCmAcceptParams {
 struct IbCmAgentEvent {
   enum class Kind : std::uint8_t {
     connect_request,  // a new id for a delivered REQ: accept() or reject() it
+    reply_sent,       // passive: our REP is out (accept(), or R3 bound an attempt to the
+                      // peer's REQ); `peer` is the REQ's QP. IBTA ch. 12: the QP receives
+                      // from now on, so that the peer's first packets, which may overtake
+                      // the RTU, are not lost. ESTABLISHED follows at the RTU.
     established,
     rejected,         // the peer rejected (`reason`, `private_data`, `ari`); the id ends
     unreachable,      // our REQ went unanswered through every retry or until the attempt's

@@ -137,6 +137,7 @@ void IbCmAgent::accept_into_attempt(const P2pAction& action, Time now) {
                         .rnr_retry_count = params.rnr_retry_count,
                         .private_data = reply_private_data(params.tag, params.private_data)},
                        now);
+  push_event(peer_event(IbCmAgentEvent::Kind::reply_sent, id, conn));
   sync(comm, now);
 }
 

@@ -68,6 +68,13 @@ TEST_F(ClientServer, HappyPathReqRepRtuDreqDrepTimewait) {
   EXPECT_EQ(client->peer.comm_id, server->local_comm_id);
   EXPECT_EQ(server->peer.comm_id, client->local_comm_id);
   EXPECT_EQ(net.agent(kClient).state_of(id), IbCmState::established);
+  // The passive side hears that its REP left (its QP receives from then on), the active not.
+  const IbCmAgentEvent* reply = net.find(kServer, EventKind::reply_sent, request->id);
+  ASSERT_NE(reply, nullptr);
+  EXPECT_EQ(reply->peer.qpn, 0x100u);
+  EXPECT_EQ(reply->peer.starting_psn, request->peer.starting_psn);
+  EXPECT_EQ(net.count(kServer, EventKind::reply_sent), 1);
+  EXPECT_EQ(net.count(kClient, EventKind::reply_sent), 0);
   EXPECT_EQ(net.sent[w::CmAttribute::req], 1);
   EXPECT_EQ(net.sent[w::CmAttribute::rep], 1);
   EXPECT_EQ(net.sent[w::CmAttribute::rtu], 1);
