@@ -97,6 +97,55 @@ TEST(RoceVerbs, RcPairConnectedWithoutTheCmMovesSendsAndWrites) {
   EXPECT_EQ(std::memcmp(buffer_a.data(), buffer_b.data() + 30000, 30000), 0);
 }
 
+// A pump drains the QPs that took an input, not every QP of the context: with many idle
+// connections, one busy pair's traffic costs each context a few QP drains per message. (A
+// pump that walked every QP drained all kIdlePairs + 1 of them per input: far over the bound.)
+TEST(RoceVerbs, IdleQueuePairsAreNotDrainedForAnotherPairsTraffic) {
+  constexpr std::size_t kIdlePairs = 128;
+  constexpr std::size_t kMessages = 50;
+  Side a;
+  Side b;
+  const std::uint32_t address_a = *roce::gid_address(*a.context, 0);
+  const std::uint32_t address_b = *roce::gid_address(*b.context, 0);
+  std::vector<std::unique_ptr<QueuePair>> qps_a, qps_b;
+  for (std::size_t i = 0; i <= kIdlePairs; ++i) {  // the last pair is the busy one
+    qps_a.push_back(standalone_qp(a));
+    qps_b.push_back(standalone_qp(b));
+    const std::uint32_t psn = static_cast<std::uint32_t>(0x100 + i);
+    ASSERT_TRUE(roce::connect_rc(*qps_a.back(), {.local = address_a, .remote = address_b,
+                                                  .remote_qpn = qps_b.back()->qp_num(), .rq_psn = psn,
+                                                  .sq_psn = psn, .path_mtu = 1024}));
+    ASSERT_TRUE(roce::connect_rc(*qps_b.back(), {.local = address_b, .remote = address_a,
+                                                  .remote_qpn = qps_a.back()->qp_num(), .rq_psn = psn,
+                                                  .sq_psn = psn, .path_mtu = 1024}));
+  }
+  QueuePair& busy_a = *qps_a.back();
+  QueuePair& busy_b = *qps_b.back();
+  std::vector<std::uint8_t> buffer_a(64), buffer_b(64 * kMessages);
+  auto mr_a = a.region(buffer_a);
+  auto mr_b = b.region(buffer_b);
+  for (std::size_t i = 0; i < kMessages; ++i)
+    ASSERT_TRUE(busy_b.post_recv(RecvWr{.wr_id = i, .sg_list = {mr_b->sge(64 * i, 64)}}));
+
+  const std::uint64_t drains_before = roce::qp_drains(*a.context) + roce::qp_drains(*b.context);
+  for (std::size_t i = 0; i < kMessages; ++i) {
+    SendWr send;
+    send.wr_id = i;
+    send.opcode = WrOpcode::send;
+    send.flags = kSendSignaled;
+    send.sg_list = {mr_a->sge(0, 64)};
+    ASSERT_TRUE(busy_a.post_send(send));
+    const auto sent = poll_n(*a.cq, 1);
+    ASSERT_EQ(sent.size(), 1u) << "message " << i;
+    EXPECT_EQ(sent[0].status, WcStatus::success);
+  }
+  EXPECT_EQ(poll_n(*b.cq, kMessages).size(), kMessages);
+  const std::uint64_t drains = roce::qp_drains(*a.context) + roce::qp_drains(*b.context) - drains_before;
+  // Per message: the post, the Send at b, its ACK at a, and a resend or two if the host is slow.
+  EXPECT_LE(drains, 8 * kMessages);
+  EXPECT_GE(drains, 2 * kMessages);  // the busy pair's own drains are counted
+}
+
 TEST(RoceVerbs, ConnectRcRefusesBadPaths) {
   Side a;
   auto qp = standalone_qp(a);

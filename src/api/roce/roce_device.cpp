@@ -28,7 +28,7 @@ namespace peercm::detail::roce {
 namespace {
 
 std::uint32_t random_u32() {
-  std::random_device random;
+  thread_local std::random_device random;  // opened once: a draw is what each call needs
   return random();
 }
 
@@ -202,8 +202,20 @@ Result<Ipv4, std::errc> RoceDevice::source_for(Ipv4 destination) {
 }
 
 void RoceDevice::add_qp(const std::shared_ptr<QueuePairImpl>& qp) {
-  qp->kick_transmit = [this] { pump(); };
-  qps_[qp->qp_num] = qp;
+  const std::uint32_t qp_num = qp->qp_num;
+  qp->kick_transmit = [this, qp_num] {
+    touch(qp_num);
+    pump();
+  };
+  qps_[qp_num] = qp;
+  touch(qp_num);
+  sweep_gone_qps();
+}
+
+void RoceDevice::sweep_gone_qps() {
+  if (qps_.size() < sweep_at_) return;
+  std::erase_if(qps_, [](const auto& entry) { return entry.second.expired(); });
+  sweep_at_ = std::max<std::size_t>(64, 2 * qps_.size());
 }
 
 Result<Ipv4, std::errc> RoceDevice::gid_address(int index) {
@@ -521,6 +533,7 @@ void RoceDevice::on_datagram(RocePort& port, std::span<const std::uint8_t> bytes
   }
   auto found = qps_.find(destination_qp);
   auto qp = found == qps_.end() ? nullptr : found->second.lock();
+  if (qp) touch(destination_qp);
   if (qp && qp->roce) {
     qp->roce->rc.handle_datagram(bytes, to_bytes(source), source_port, at);
   } else if (qp && qp->roce_ud) {
@@ -540,9 +553,18 @@ void RoceDevice::on_timer() {
     const auto deadline = port->agent.next_deadline();
     if (deadline && *deadline <= at) port->agent.handle_timeout(at);
   }
-  for (auto& [qpn, weak] : qps_) {
-    auto qp = weak.lock();
+  // The QPs whose indexed deadline has passed; each is re-indexed when the pump drains it.
+  std::vector<std::uint32_t> due;
+  while (!qp_deadlines_.empty() && qp_deadlines_.begin()->first <= at) {
+    due.push_back(qp_deadlines_.begin()->second);
+    qp_deadline_.erase(qp_deadlines_.begin()->second);
+    qp_deadlines_.erase(qp_deadlines_.begin());
+  }
+  for (const std::uint32_t qp_num : due) {
+    auto found = qps_.find(qp_num);
+    auto qp = found == qps_.end() ? nullptr : found->second.lock();
     if (!qp || !qp->roce) continue;
+    touch(qp_num);
     const auto deadline = qp->roce->rc.next_deadline();
     if (!deadline || *deadline > at) continue;
     // A resend or keepalive probe is due: first, whether the last packets bounced off a
@@ -643,6 +665,40 @@ bool RoceDevice::drain_qp(QueuePairImpl& qp) {
   return any;
 }
 
+bool RoceDevice::drain_touched() {
+  bool any = false;
+  while (!touched_.empty()) {
+    draining_.assign(touched_.begin(), touched_.end());
+    touched_.clear();
+    for (const std::uint32_t qp_num : draining_) {
+      auto found = qps_.find(qp_num);
+      if (found == qps_.end()) continue;
+      auto qp = found->second.lock();
+      if (!qp || (!qp->roce && !qp->roce_ud && !qp->roce_uc)) {
+        qps_.erase(found);
+        index_deadline(qp_num, std::nullopt);
+        continue;
+      }
+      ++qp_drains_;
+      any = drain_qp(*qp) || any;
+      index_deadline(qp_num, qp->roce ? qp->roce->rc.next_deadline() : std::nullopt);
+    }
+  }
+  return any;
+}
+
+void RoceDevice::index_deadline(std::uint32_t qp_num, std::optional<core::Time> deadline) {
+  auto indexed = qp_deadline_.find(qp_num);
+  if (indexed != qp_deadline_.end()) {
+    if (deadline && indexed->second == *deadline) return;
+    qp_deadlines_.erase({indexed->second, qp_num});
+    qp_deadline_.erase(indexed);
+  }
+  if (!deadline) return;
+  qp_deadline_.emplace(qp_num, *deadline);
+  qp_deadlines_.emplace(*deadline, qp_num);
+}
+
 void RoceDevice::pump() {
   // Event handlers call back into the agents and queue pairs (accept, connect, to ERROR);
   // their output is drained by the loop below, not by a nested pump.
@@ -651,15 +707,7 @@ void RoceDevice::pump() {
   for (bool any = true; any;) {
     any = false;
     for (auto& [address, port] : ports_) any = drain_agent(*port) || any;
-    for (auto it = qps_.begin(); it != qps_.end();) {
-      auto qp = it->second.lock();
-      if (!qp || (!qp->roce && !qp->roce_ud && !qp->roce_uc)) {
-        it = qps_.erase(it);
-        continue;
-      }
-      any = drain_qp(*qp) || any;
-      ++it;
-    }
+    any = drain_touched() || any;
   }
   faults_.release_held();
   sender_.flush();
@@ -673,9 +721,7 @@ void RoceDevice::rearm() {
     if (deadline && (!earliest || *deadline < *earliest)) earliest = deadline;
   };
   for (auto& [address, port] : ports_) consider(port->agent.next_deadline());
-  for (auto& [qpn, weak] : qps_) {
-    if (auto qp = weak.lock(); qp && qp->roce) consider(qp->roce->rc.next_deadline());
-  }
+  if (!qp_deadlines_.empty()) consider(qp_deadlines_.begin()->first);
   // An armed timer that fires no later than needed stays, even if nothing is due any more: it
   // may fire for nothing (on_timer re-arms for what is due then). Cancelling and re-adding it
   // around every message would wake a sleeping progress thread each time (Reactor::add_timer).

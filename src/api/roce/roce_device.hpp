@@ -1,9 +1,12 @@
 // The RoCE device of one context: a UDP socket on (address, 4791) per local IPv4 address the
 // context uses, each with the IB CM agent of that address (RoCEv2 nodes are IP addresses),
 // and the RC queue pairs. Received datagrams go by BTH DestQP: QP 1 to the agent, others to
-// the queue pair of that number. After every input, pump() sends what the agents and queue
-// pairs queued, hands their events on, and re-arms one reactor timer at the earliest of
-// their deadlines. Everything here runs under the context lock.
+// the queue pair of that number. After every input, pump() sends what the agents and the
+// touched queue pairs queued, hands their events on, and re-arms one reactor timer at the
+// earliest of their deadlines. A queue pair's core changes only through its inputs, so only
+// the ones that took an input since the last pump are looked at, and their deadlines are
+// kept in an index: the cost of a pump does not grow with the number of queue pairs.
+// Everything here runs under the context lock.
 #pragma once
 
 #include <netinet/in.h>
@@ -77,6 +80,9 @@ class RoceDevice {
 
   // A QP with its RoCE half (roce, roce_ud or roce_uc): datagrams to its qp_num reach it.
   void add_qp(const std::shared_ptr<QueuePairImpl>& qp);
+  // Whoever hands a QP's core an input (a verb, a CM step) touches it: the next pump drains
+  // its output and events and re-reads its deadline. Datagrams and timeouts touch by themselves.
+  void touch(std::uint32_t qp_num) { touched_.insert(qp_num); }
   // The address behind GID `index` of the port (ibv_query_gid, address handles, modify_qp
   // without the CM; docs/roce-transport.md, "Verbs without the CM"). Index 0 is the
   // context's own 127/8 address (opened now: a random one it can bind unless it has one);
@@ -110,6 +116,9 @@ class RoceDevice {
 
   // Sends everything queued, delivers events, re-arms the timer: after every input.
   void pump();
+  // Queue pairs drained by pumps so far (each touched one counts once per drain): a pump
+  // looks at the touched ones only, whatever the number of queue pairs.
+  std::uint64_t qp_drains() const { return qp_drains_; }
   // Adds the agents' p2p counters to `stats` (cm_stats()): collisions, delivered requests,
   // and the REQs they turned down (a losing REQ is dropped silently, IB CM §5; a late
   // duplicate is rejected).
@@ -138,6 +147,11 @@ class RoceDevice {
   bool drain_qp(QueuePairImpl& qp);
   bool drain_ud_qp(RoceUdQp& qp);
   bool drain_uc_qp(RoceUcQp& qp);
+  // Drains the touched QPs (and those their events touch) and re-indexes their deadlines.
+  bool drain_touched();
+  void index_deadline(std::uint32_t qp_num, std::optional<core::Time> deadline);
+  // Forgets QPs that are gone, once the table has doubled since the last time: amortised O(1).
+  void sweep_gone_qps();
   void rearm();
 
   RoceOptions options_;
@@ -145,6 +159,14 @@ class RoceDevice {
   FaultShim faults_;
   std::map<Ipv4, std::unique_ptr<RocePort>> ports_;
   std::map<std::uint32_t, std::weak_ptr<QueuePairImpl>> qps_;  // by wire QPN
+  std::size_t sweep_at_ = 64;                                     // qps_ size of the next sweep
+  std::set<std::uint32_t> touched_;                               // QPNs to drain at the next pump
+  std::vector<std::uint32_t> draining_;
+  // RC QPs' next_deadline(), as of their last drain. An entry of a QP that is gone, or whose
+  // number a new QP took, only makes the timer fire for nothing.
+  std::map<std::uint32_t, core::Time> qp_deadline_;
+  std::set<std::pair<core::Time, std::uint32_t>> qp_deadlines_;
+  std::uint64_t qp_drains_ = 0;
   std::map<std::pair<Ipv4, core::ibcm::IbCmId>, std::weak_ptr<CmIdImpl>> ids_;
   std::map<std::pair<Ipv4, std::uint16_t>, std::weak_ptr<CmIdImpl>> listeners_;
   std::set<std::pair<Ipv4, std::uint16_t>> reserved_services_;  // bound ids' (address, service)

@@ -20,7 +20,7 @@ void forbid_fragments(int fd) {
 // Linux picks RoCE source ports from 0xC000-0xFFFF (wire sheet §1); a few random tries
 // there, then any free port: entropy is all that matters.
 Result<std::uint16_t, std::errc> bind_source_port(int fd, std::uint32_t local_address) {
-  std::random_device random;
+  thread_local std::random_device random;  // opened once: a draw is what each QP needs
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(local_address);

@@ -106,6 +106,7 @@ Status<std::errc> start_rc_requester(QueuePair& qp, const RcPath& path) {
                                              .rnr_retry = static_cast<std::uint8_t>(path.rnr_retry & 7),
                                              .max_rd_atomic = std::max<std::uint8_t>(1, path.max_rd_atomic)};
   if (auto set = impl.roce->rc.set_requester(params); !set) return fail(std::errc::invalid_argument);
+  device_of(ctx).touch(impl.qp_num);
   device_of(ctx).pump();
   return {};
 }
@@ -173,7 +174,10 @@ Status<std::errc> post_ud_send(QueuePair& qp, const SendWr& wr, const core::roce
   if (auto bound = impl.roce_ud->send_from(local); !bound) return fail(bound.error());
   const std::uint32_t max_payload = is_loopback(local) && is_loopback(remote) ? 4096 : 1024;
   auto posted = impl.roce_ud->ud.post_send(wr, destination, max_payload);
-  if (posted) device_of(ctx).pump();
+  if (posted) {
+    device_of(ctx).touch(impl.qp_num);
+    device_of(ctx).pump();
+  }
   return posted;
 }
 
@@ -231,6 +235,7 @@ Status<std::errc> modify_uc(QueuePair& qp, const UcModify& change) {
     case UcState::rts: return roce.uc.to_rts(change.sq_psn);  // sends are refused before RTS
     case UcState::error:
       roce.uc.modify_to_error();
+      device_of(ctx).touch(impl.qp_num);
       device_of(ctx).pump();
       return {};
   }
@@ -251,6 +256,12 @@ std::uint64_t dropped_unknown_qp(Context& context) {
   ContextImpl& ctx = context.impl();
   std::lock_guard lock(ctx.mutex);
   return ctx.roce ? ctx.roce->dropped_unknown_qp : 0;
+}
+
+std::uint64_t qp_drains(Context& context) {
+  ContextImpl& ctx = context.impl();
+  std::lock_guard lock(ctx.mutex);
+  return ctx.roce ? ctx.roce->qp_drains() : 0;
 }
 
 PortUnreachableCounts port_unreachable_counts(Context& context) {

@@ -89,6 +89,9 @@ core::roce::UcStats uc_stats(QueuePair& qp);
 core::roce::RcStats rc_stats(QueuePair& qp);
 // Datagrams the context dropped because no QP of it has their QPN.
 std::uint64_t dropped_unknown_qp(Context& context);
+// Queue pairs the context's pumps have drained so far (RoceDevice::qp_drains): a pump looks
+// at the QPs that took an input only, so this grows with the traffic, not with the QP count.
+std::uint64_t qp_drains(Context& context);
 // ICMP port unreachable errors the context took as a sign that a peer is gone (CM and QP
 // sockets; docs/reliability.md, "Dead peers"), and those it ignored.
 struct PortUnreachableCounts {
