@@ -39,7 +39,8 @@ struct RcConnectParams {
   std::uint8_t min_rnr_timer = 1;  // the RNR timer code our RNR NAKs carry (§2.7)
   std::uint8_t max_rd_atomic = 16;       // ORD: our RDMA Reads in flight
   std::uint8_t max_dest_rd_atomic = 16;  // IRD: the peer's Reads we keep contexts for
-  // Request PSNs we keep unacknowledged at most (rxe keeps 128, §2.4).
+  // Request PSNs we keep unacknowledged at most (rxe keeps 128, §2.4); after a loss, fewer
+  // for a while (docs/roce-transport.md, "Loss recovery").
   std::uint32_t send_window = 128;
   // §2.5 ACK coalescing: while the traffic alternates (the peer's message, our request, ...)
   // the ACK a message asked for waits for our next request and leaves right behind it, in

@@ -126,6 +126,7 @@ Status<std::errc> RcQueuePair::connect(const RcConnectParams& params, Time now) 
   now_ = std::max(now_, now);
   connected_ = true;
   tx_psn_ = una_psn_ = sent_end_psn_ = params.send_psn;
+  window_ = params.send_window;
   tx_seq_ = sq_base_;
   tx_pkt_ = 0;
   retries_left_ = params.retry_cnt;
@@ -150,6 +151,7 @@ Status<std::errc> RcQueuePair::set_requester(const RcRequesterParams& params) {
   params_.max_rd_atomic = params.max_rd_atomic;
   ack_timeout_ = local_ack_timeout_duration(params.local_ack_timeout);
   tx_psn_ = una_psn_ = sent_end_psn_ = params.send_psn;
+  window_ = params_.send_window;
   retries_left_ = params.retry_cnt;
   rnr_retries_left_ = params.rnr_retry;
   return {};

@@ -169,6 +169,7 @@ class RcQueuePair {
   void requester_timeout();
   void restart_ack_timer();
   void recovery_timeout();
+  void shrink_window();
   bool next_recovery_probe(TxPlan& plan);
   void arm_recovery_timer();
   void take_rtt_sample(std::uint32_t acknowledged_end);
@@ -234,6 +235,9 @@ class RcQueuePair {
   std::optional<Time> recovery_deadline_;
   std::uint32_t recovery_backoff_ = 0;
   bool recovery_probe_owed_ = false;
+  // The PSNs kept unacknowledged at most: send_window, less after go-backs (shrink_window).
+  std::uint32_t window_ = 0;
+  std::uint32_t window_credit_ = 0;
   bool recovery_probed_ = false;  // since the last progress
   // RFC 6298-style estimator over AckReq packets sent once (Karn: a resend voids the sample).
   std::optional<std::uint32_t> rtt_sample_psn_;

@@ -17,10 +17,15 @@ namespace w = wire::roce;
 namespace {
 
 // Loss recovery (RcQueuePair::recovery_deadline_): the timeout is the smoothed RTT plus four
-// deviations, at least kMinRecoveryTimeout (a peer's progress thread may lose its CPU for about
-// that long on a busy host), kInitialRecoveryTimeout before the first sample.
-constexpr Duration kMinRecoveryTimeout = std::chrono::milliseconds(1);
+// deviations, at least kMinRecoveryTimeout, kInitialRecoveryTimeout before the first sample.
+// Its first expiry costs one packet (the probe), so it may fire early: a peer whose progress
+// thread lost the CPU for longer merely answers the probe as a duplicate.
+constexpr Duration kMinRecoveryTimeout = std::chrono::microseconds(250);
 constexpr Duration kInitialRecoveryTimeout = std::chrono::milliseconds(2);
+// The go-back window (RcQueuePair::window_): halved by each go-back, never below kMinWindow,
+// and one PSN larger per kWindowGrowth PSNs acknowledged, up to send_window.
+constexpr std::uint32_t kMinWindow = 16;
+constexpr std::uint32_t kWindowGrowth = 4;
 
 // §2.5: rxe asks for an ACK at least every 64th packet of a long message; we ask twice as
 // often so that a window of 128 never waits for a timeout to move.
@@ -88,7 +93,7 @@ bool RcQueuePair::requester_ready() const {
   if (!connected_ || state_ != QpState::rts || rnr_until_) return false;
   if (tx_seq_ >= sq_base_ + sq_.size()) return false;
   // §2.4: a bounded number of unacknowledged PSNs; an empty window admits any one message.
-  if (tx_psn_ != una_psn_ && w::psn_distance(una_psn_, tx_psn_) >= params_.send_window) return false;
+  if (tx_psn_ != una_psn_ && w::psn_distance(una_psn_, tx_psn_) >= window_) return false;
   const SendEntry& entry = sq_[tx_seq_ - sq_base_];
   if (!entry.assigned) {
     // verbs Fence: wait for earlier READs; §2.9: READs in flight stay within ORD.
@@ -149,7 +154,7 @@ bool RcQueuePair::next_request(TxPlan& plan) {
     bth.solicited_event = last && entry.wr.opcode != WrOpcode::rdma_write && (entry.wr.flags & kSendSolicited);
     // §2.5: AckReq on every message's last packet, periodically in long ones, and on the
     // packet that fills the window (nothing else would ask before the timer).
-    const bool fills_window = w::psn_distance(una_psn_, w::psn_next(psn)) >= params_.send_window;
+    const bool fills_window = w::psn_distance(una_psn_, w::psn_next(psn)) >= window_;
     bth.ack_request = last || tx_pkt_ % kAckRequestInterval == kAckRequestInterval - 1 || fills_window;
     plan.offset = offset;
     plan.length = static_cast<std::uint32_t>(std::min<std::uint64_t>(pmtu_, entry.length - offset));
@@ -243,6 +248,11 @@ bool RcQueuePair::advance_una(std::uint32_t target) {
   }
   if (w::psn_after(target, una_psn_)) {
     take_rtt_sample(target);
+    if (window_ < params_.send_window) {
+      window_credit_ += w::psn_distance(una_psn_, target);
+      window_ = std::min(params_.send_window, window_ + window_credit_ / kWindowGrowth);
+      window_credit_ %= kWindowGrowth;
+    }
     una_psn_ = target;
     // §2.8: both retry counters start over whenever an ACK shows progress.
     retries_left_ = params_.retry_cnt;
@@ -285,8 +295,17 @@ void RcQueuePair::go_back(std::uint32_t psn, bool counts_as_retry) {
   }
   went_back_to_ = psn;
   rtt_sample_psn_.reset();
+  shrink_window();
   set_cursor(psn);
   restart_ack_timer();
+}
+
+// Everything in flight behind a loss is resent (the responder drops what follows a gap,
+// §2.4), so each go-back halves the PSNs kept in flight: on a wire that loses packets fewer
+// are sent twice, and on one that does not, the window stays at send_window.
+void RcQueuePair::shrink_window() {
+  window_ = std::max(std::min(kMinWindow, params_.send_window), window_ / 2);
+  window_credit_ = 0;
 }
 
 // §2.8: on expiry, resend from the oldest unacknowledged PSN (go-back-N), one retry less.
@@ -327,6 +346,7 @@ void RcQueuePair::recovery_timeout() {
     recovery_probe_owed_ = true;
   } else {
     went_back_to_ = una_psn_;
+    shrink_window();
     set_cursor(una_psn_);
   }
   arm_recovery_timer();

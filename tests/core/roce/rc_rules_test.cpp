@@ -473,6 +473,38 @@ TEST(RcRules, LostNakIsRecoveredByGoBackAfterTheProbe) {
   EXPECT_LT(c.wire.now - Time{}, local_ack_timeout_duration(12) / 2);
 }
 
+// A go-back resends everything in flight behind the loss, so it halves the window; ACKs
+// grow it back to send_window. Neither changes what arrives.
+TEST(RcRules, GoBackHalvesTheWindowAndAcknowledgementsRestoreIt) {
+  Wire wire;  // PMTU 256, send_window 128
+  constexpr std::uint32_t kPackets = 1000;
+  Mr src = wire.a.reg(kPackets * 256);
+  Mr dst = wire.b.reg(kPackets * 256);
+  fill_pattern(src.bytes(0, kPackets * 256), 4);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, kPackets * 256)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, kPackets * 256)}));
+  const auto first = wire.drain(0);
+  ASSERT_EQ(first.size(), 128u);  // the full window
+  for (const Bytes& d : first)
+    if (Wire::view(d).headers.bth.psn != 100) wire.deliver(1, d);  // the first one lost
+  const auto nak = wire.drain(1);
+  ASSERT_EQ(nak.size(), 1u);
+  EXPECT_EQ(Wire::view(nak[0]).headers.aeth.kind, w::AethKind::nak);
+  for (const Bytes& d : nak) wire.deliver(0, d);
+  const auto resent = wire.drain(0);
+  ASSERT_EQ(resent.size(), 64u);  // half the window, from the lost PSN on
+  EXPECT_EQ(Wire::view(resent.front()).headers.bth.psn, 100u);
+  for (const Bytes& d : resent) wire.deliver(1, d);
+  wire.run();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+  EXPECT_TRUE(has_pattern(dst.bytes(0, kPackets * 256), 4));
+  // Grown back: a second message goes out a full window at once.
+  ASSERT_TRUE(wire.b.recv(2, {dst.sge(0, kPackets * 256)}));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::send, {src.sge(0, kPackets * 256)}));
+  EXPECT_EQ(wire.drain(0).size(), 128u);
+}
+
 TEST(RcRules, RetryExceededWhenThePeerIsGone) {
   PairParams p = pair_params();
   p.a.retry_cnt = 3;
