@@ -12,13 +12,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 
 #include "api/cm_id_impl.hpp"
 #include "api/context_impl.hpp"
 #include "api/queue_pair_impl.hpp"
 #include "api/roce/roce_cm.hpp"
 #include "api/roce/roce_qp.hpp"
+#include "engine/kernel_random.hpp"
 #include "engine/log.hpp"
 #include "wire/ibcm/gsi.hpp"
 #include "wire/roce/bth.hpp"
@@ -27,10 +27,7 @@ namespace peercm::detail::roce {
 
 namespace {
 
-std::uint32_t random_u32() {
-  thread_local std::random_device random;  // opened once: a draw is what each call needs
-  return random();
-}
+std::uint32_t random_u32() { return engine::kernel_random_u32(); }
 
 int open_socket(Ipv4 address, std::errc& error) {
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

@@ -5,7 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <random>
+
+#include "engine/kernel_random.hpp"
 
 namespace peercm::detail::roce {
 
@@ -20,13 +21,12 @@ void forbid_fragments(int fd) {
 // Linux picks RoCE source ports from 0xC000-0xFFFF (wire sheet §1); a few random tries
 // there, then any free port: entropy is all that matters.
 Result<std::uint16_t, std::errc> bind_source_port(int fd, std::uint32_t local_address) {
-  thread_local std::random_device random;  // opened once: a draw is what each QP needs
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(local_address);
   bool bound = false;
   for (int attempt = 0; attempt < 8 && !bound; ++attempt) {
-    address.sin_port = htons(static_cast<std::uint16_t>(0xC000 | (random() & 0x3FFF)));
+    address.sin_port = htons(static_cast<std::uint16_t>(0xC000 | (engine::kernel_random_u32() & 0x3FFF)));
     bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0;
   }
   if (!bound) {
