@@ -19,7 +19,7 @@ sizes=(8 4096 65536)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { python3 scripts/lib/free_port.py; }
 
 one_run() {  # one_run SIZE ARGS... -> usec/xfer of the client's row
   local size=$1; shift

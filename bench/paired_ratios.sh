@@ -90,7 +90,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 read -r cpu_a cpu_b < <(python3 -c 'import os; c = sorted(os.sched_getaffinity(0)); print(c[0], c[1 % len(c)])')
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(python3 scripts/lib/free_port.py)
 
 iterations() {  # mode size -> round trips (lat) or messages (bw)
   if [[ $1 == bw ]]; then echo $(((256 << 20) / $2))

@@ -21,7 +21,7 @@ cc -o "$out/rping" "$ref/examples/rping.c" "$ref/examples/common.c" "${flags[@]}
 cc -o "$out/rdma_server" "$ref/examples/rdma_server.c" "${flags[@]}"
 cc -o "$out/rdma_client" "$ref/examples/rdma_client.c" "${flags[@]}"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { python3 "$(dirname "$0")/../../scripts/lib/free_port.py"; }
 
 rping_pair() {
   local port; port=$(free_port)

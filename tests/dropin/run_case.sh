@@ -41,7 +41,7 @@ fail() {
   exit 1
 }
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { python3 "$(dirname "$0")/../../scripts/lib/free_port.py"; }
 # RoCE: each run on a random 127/8 address of its own, so that its UDP 4791 is no other test's.
 random_address() { echo "127.$((RANDOM % 250 + 1)).$((RANDOM % 250)).$((RANDOM % 250 + 1))"; }
 address=127.0.0.1

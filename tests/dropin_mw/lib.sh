@@ -12,5 +12,5 @@ need_ipv4_interface() {
 }
 
 free_tcp_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  python3 "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/free_port.py"
 }
