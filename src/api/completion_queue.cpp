@@ -52,6 +52,22 @@ bool CompletionQueueImpl::push(const WorkCompletion& completion) {
   return true;
 }
 
+std::size_t CompletionQueueImpl::discard_qp(std::uint32_t qp_num) {
+  const std::size_t n = count.load(std::memory_order_relaxed);
+  std::size_t kept = 0;
+  auto slot = [&](std::size_t i) -> WorkCompletion& {
+    const std::size_t at = head + i;
+    return ring[at < ring.size() ? at : at - ring.size()];
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    if (slot(i).qp_num == qp_num) continue;
+    if (kept != i) slot(kept) = slot(i);
+    ++kept;
+  }
+  count.store(kept, std::memory_order_release);
+  return n - kept;
+}
+
 void CompletionQueueImpl::solicited() {
   if (arm == Arm::solicited && channel) {
     arm = Arm::none;
