@@ -52,7 +52,7 @@ bool CompletionQueueImpl::push(const WorkCompletion& completion) {
   return true;
 }
 
-std::size_t CompletionQueueImpl::discard_qp(std::uint32_t qp_num) {
+void CompletionQueueImpl::discard_qp(std::uint32_t qp_num, std::size_t& removed, std::size_t& successful) {
   const std::size_t n = count.load(std::memory_order_relaxed);
   std::size_t kept = 0;
   auto slot = [&](std::size_t i) -> WorkCompletion& {
@@ -60,12 +60,15 @@ std::size_t CompletionQueueImpl::discard_qp(std::uint32_t qp_num) {
     return ring[at < ring.size() ? at : at - ring.size()];
   };
   for (std::size_t i = 0; i < n; ++i) {
-    if (slot(i).qp_num == qp_num) continue;
+    if (slot(i).qp_num == qp_num) {
+      ++removed;
+      if (slot(i).status == WcStatus::success) ++successful;
+      continue;
+    }
     if (kept != i) slot(kept) = slot(i);
     ++kept;
   }
   count.store(kept, std::memory_order_release);
-  return n - kept;
 }
 
 void CompletionQueueImpl::solicited() {

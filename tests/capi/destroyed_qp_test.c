@@ -7,7 +7,7 @@
  * message (a credit update) completes a Receive, the DISCONNECTED event is handled before the
  * CQ is polled, and the endpoint is closed (rdma_destroy_ep); whatever the CQ still holds for
  * that QP is then handed to ofi_rxm, which reposts the buffer on the freed endpoint
- * (docs/drop-in-middleware.md, "ofi_rxm and a QP's last completions"). */
+ * (docs/drop-in-middleware.md, "libfabric's verbs provider"). */
 #define _GNU_SOURCE
 #include "capi_test.h"
 
