@@ -4,9 +4,10 @@
  * stay, in order.
  *
  * This is the order of libfabric's verbs;ofi_rxm at a peer's shutdown: the peer's last
- * message (a credit update) completes a Receive, the DISCONNECTED event is handled before the
- * CQ is polled, and the endpoint is closed (rdma_destroy_ep); whatever the CQ still holds for
- * that QP is then handed to ofi_rxm, which reposts the buffer on the freed endpoint
+ * message completes a Receive, the DISCONNECTED event is handled before the CQ is polled, and
+ * the endpoint is closed (rdma_destroy_ep); libfabric's verbs provider then reports the WRs it
+ * did not see complete as flushed, and whatever the CQ still held for that QP would reach
+ * ofi_rxm after the endpoint was freed
  * (docs/drop-in-middleware.md, "libfabric's verbs provider"). */
 #define _GNU_SOURCE
 #include "capi_test.h"
