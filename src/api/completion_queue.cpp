@@ -52,6 +52,25 @@ bool CompletionQueueImpl::push(const WorkCompletion& completion) {
   return true;
 }
 
+void CompletionQueueImpl::discard_qp(std::uint32_t qp_num, std::size_t& removed, std::size_t& successful) {
+  const std::size_t n = count.load(std::memory_order_relaxed);
+  std::size_t kept = 0;
+  auto slot = [&](std::size_t i) -> WorkCompletion& {
+    const std::size_t at = head + i;
+    return ring[at < ring.size() ? at : at - ring.size()];
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    if (slot(i).qp_num == qp_num) {
+      ++removed;
+      if (slot(i).status == WcStatus::success) ++successful;
+      continue;
+    }
+    if (kept != i) slot(kept) = slot(i);
+    ++kept;
+  }
+  count.store(kept, std::memory_order_release);
+}
+
 void CompletionQueueImpl::solicited() {
   if (arm == Arm::solicited && channel) {
     arm = Arm::none;

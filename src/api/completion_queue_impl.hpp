@@ -28,6 +28,11 @@ struct CompletionQueueImpl final : core::CompletionSink {
 
   bool push(const WorkCompletion& completion) override;
   void solicited() override;
+  // Removes the completions of QP `qp_num` that the application has not polled, keeping the
+  // others in order; counts what went in `removed` and, of those, the successful ones in
+  // `successful`. Called with the context lock held, as the QP is destroyed
+  // (QueuePair::~QueuePair).
+  void discard_qp(std::uint32_t qp_num, std::size_t& removed, std::size_t& successful);
 
   std::shared_ptr<ContextImpl> context;
   std::vector<WorkCompletion> ring;

@@ -144,6 +144,17 @@ QueuePair::~QueuePair() {
     --impl_->srq->qps;
     impl_->srq.reset();
   }
+  // A destroyed QP leaves nothing in its CQs, as on hardware, whose providers clean the QP's
+  // entries out of the CQ rings as they destroy it (mlx5, mlx4, irdma). libfabric's verbs
+  // provider is written for that: it destroys the QP, polls the CQ once and reports every WR
+  // still outstanding as flushed itself; a completion left behind would reach ofi_rxm after
+  // it freed the endpoint (docs/drop-in-middleware.md, "libfabric's verbs provider").
+  std::size_t removed = 0, successful = 0;
+  impl_->send_cq->discard_qp(impl_->qp_num, removed, successful);
+  if (impl_->recv_cq != impl_->send_cq) impl_->recv_cq->discard_qp(impl_->qp_num, removed, successful);
+  if (removed > 0 && log::enabled(log::Level::debug))
+    PEERCM_LOG(debug, "qp", "QP {} destroyed: {} unpolled completions removed from its CQs, {} of them successful",
+               impl_->qp_num, removed, successful);
 }
 
 std::uint32_t QueuePair::qp_num() const { return impl_->qp_num; }
