@@ -207,14 +207,10 @@ rdma_cm_event* translate(CmEvent event) {
   return &pub;
 }
 
-// rdma_cm's effective model for an id: what the application chose, else the peer-to-peer
-// model on a node that listens (docs/c-api.md: a node that does not listen can never meet a
-// colliding request, so its connects stay plain client/server).
-bool effective_peer_to_peer(rdma_cm_id* id) {
-  const IdState& state = st(id);
-  if (state.peer_to_peer >= 0) return state.peer_to_peer == 1;
-  return state_of<ContextState>(state.context)->listeners.load() > 0;
-}
+// An id connects peer-to-peer only when the application turned the option on: a program
+// written for rdma_cm expects its semantics, and the symmetric ones (libfabric's ofi_rxm,
+// MPI) settle simultaneous connects themselves (docs/c-api.md, "The peer-to-peer option").
+bool effective_peer_to_peer(rdma_cm_id* id) { return st(id).peer_to_peer == 1; }
 
 Result<ConnParam, std::errc> to_conn_param(rdma_cm_id* id, const rdma_conn_param* in, std::uint8_t default_ird,
                                         std::uint8_t default_ord) {
@@ -415,7 +411,6 @@ int rdma_destroy_id(rdma_cm_id* id) {
     std::unique_lock lock(state->mutex);
     state->events_done.wait(lock, [state] { return state->events_out == 0; });
   }
-  if (state->listening) state_of<ContextState>(state->context)->listeners.fetch_sub(1);
   // A QP still attached stays the application's; the id's end moves it to ERROR if it ran.
   if (id->qp) state_of<QpHandleState>(id->qp)->id = nullptr;
   state->cpp.reset();
@@ -490,15 +485,11 @@ int rdma_resolve_route(rdma_cm_id* id, int timeout_ms) {
 int rdma_listen(rdma_cm_id* id, int backlog) {
   if (!id) return fail_errno(EINVAL);
   IdState& state = st(id);
+  // A listener meets the p2p requests of peers whose ids opted in (collisions, duplicates),
+  // and takes plain requests as rdma_cm does: on unless turned off.
   if (auto set = state.cpp->set_option(CmOption::peer_to_peer, state.peer_to_peer == 0 ? 0 : 1); !set)
     return fail_errno(set.error());
   if (auto listening = state.cpp->listen(backlog); !listening) return fail_errno(listening.error());
-  // A UDP-port-space listener takes SIDR requests only: it leaves the RC connects of the node
-  // client/server (effective_peer_to_peer).
-  if (id->ps != RDMA_PS_UDP) {
-    state.listening = true;
-    state_of<ContextState>(state.context)->listeners.fetch_add(1);
-  }
   bind_to_device(id);
   fill_route(id);
   return 0;

@@ -86,7 +86,6 @@ struct ContextState {
   std::unique_ptr<Context> cpp;
   Transport transport = Transport::iwarp;  // the device's
   std::atomic<int> refs{1};
-  std::atomic<int> listeners{0};  // listening rdma_cm ids: the node accepts p2p connections
   ibv_pd* default_pd = nullptr;   // rdma_cm's per-device PD (ids given no PD); guarded by the CM lock
 };
 // A context is the `context` member of a verbs_context, whose table of extended verbs code
@@ -229,7 +228,6 @@ struct IdState {
   ibv_context* context = nullptr;  // the CM device context (exposed as verbs once bound)
   bool sync = false;               // made with no channel: owns its private channel
   int peer_to_peer = -1;           // RDMA_OPTION_ID_PEER_TO_PEER: -1 unset, 0, 1
-  bool listening = false;
   // Events handed to the application and not acked yet (rdma_destroy_id waits for them).
   std::mutex mutex;
   std::condition_variable events_done;

@@ -1,13 +1,13 @@
 /* rdma_set_option: the rdma_cm options with their sizes (EINVAL for a wrong length, ENOSYS
  * for unknown levels and names), and RDMA_OPTION_ID_PEER_TO_PEER / RDMA_OPTION_ID_P2P_TAG:
- * - by default a node that does not listen connects client/server, so it may open two
- *   connections to one server (what classic rdma_cm programs do);
+ * - by default an id connects client/server, so a process may open two connections to one
+ *   server (what classic rdma_cm programs do), whether it listens itself or not;
  * - with the option on, a second connect to the same peer and tag fails with EISCONN (one
  *   connection per p2p key), another tag gets its own connection, the option off lifts it. */
 #define _GNU_SOURCE
 #include "capi_test.h"
 
-enum { CONNECTIONS = 5 };
+enum { CONNECTIONS = 7 };
 
 static void expect_option_errors(void)
 {
@@ -132,8 +132,10 @@ int main(void)
 {
 	uint16_t port;
 	pid_t peer;
-	struct rdma_cm_id *ids[6];
-	int error[6];
+	struct rdma_cm_id *ids[8];
+	int error[8];
+	struct rdma_cm_id *listener;
+	struct sockaddr_in any = loopback(0);
 
 	expect_option_errors();
 	peer = spawn_peer(server, &port);
@@ -153,12 +155,22 @@ int main(void)
 	/* Off: client/server again, whatever the tags. */
 	ids[5] = client_id(port, 0, 0, &error[5]);
 	CHECK_EQ(error[5], 0);
+	/* Default on a node that listens too: still client/server (libfabric's ofi_rxm and MPI
+	 * listen and connect, and settle simultaneous connects themselves). */
+	CHECK(rdma_create_id(NULL, &listener, NULL, RDMA_PS_TCP) == 0);
+	CHECK(rdma_bind_addr(listener, (struct sockaddr *)&any) == 0);
+	CHECK(rdma_listen(listener, 4) == 0);
+	ids[6] = client_id(port, -1, 0, &error[6]);
+	ids[7] = client_id(port, -1, 0, &error[7]);
+	CHECK_EQ(error[6], 0);
+	CHECK_EQ(error[7], 0);
 
-	for (int i = 0; i < 6; i++) {
+	for (int i = 0; i < 8; i++) {
 		if (error[i] == 0)
 			CHECK(rdma_disconnect(ids[i]) == 0);
 		rdma_destroy_ep(ids[i]);
 	}
+	rdma_destroy_id(listener);
 	CHECK_EQ(join_peer(peer), 0);
 	printf("options: errors as rdma_cm; peer-to-peer default and option verified\n");
 	return 0;

@@ -1,6 +1,6 @@
 /* The peer-to-peer connection model from C: two processes each listen, then connect to each
- * other at the same moment; with RDMA_OPTION_ID_PEER_TO_PEER on (the default on a listening
- * node) they end with one connection. Each process counts the connections it sees established
+ * other at the same moment; with RDMA_OPTION_ID_PEER_TO_PEER turned on (rdma_cm's
+ * client/server semantics are the default) they end with one connection. Each process counts the connections it sees established
  * (its connect id, or a request it accepted when its own connect was refused with EALREADY or
  * EISCONN), and the two exchange a message over the one they have. Repeated over fresh
  * process pairs, since who wins depends on timing and node GUIDs.
