@@ -18,6 +18,9 @@ class P2pBinding {
   virtual void accept_into_attempt(const P2pAction& action, Time now) = 0;  // rule 3, passive peer
   virtual void teardown_link(const P2pAction& action, Time now) = 0;        // rule 6
   virtual void attempt_failed(const P2pAction& action, Time now) = 0;       // rule 8
+  // R5b: only a transport whose connect() passes the resolver a CheckLink gets these.
+  virtual void dial_attempt(const P2pAction& action, Time now) = 0;
+  virtual void attempt_already_connected(const P2pAction& action, Time now) = 0;
 };
 
 class P2pExecutor {
@@ -35,6 +38,8 @@ class P2pExecutor {
         case P2pAction::Kind::accept_into_attempt: binding.accept_into_attempt(*action, now); break;
         case P2pAction::Kind::teardown_link: binding.teardown_link(*action, now); break;
         case P2pAction::Kind::attempt_failed: binding.attempt_failed(*action, now); break;
+        case P2pAction::Kind::dial_attempt: binding.dial_attempt(*action, now); break;
+        case P2pAction::Kind::attempt_already_connected: binding.attempt_already_connected(*action, now); break;
       }
     }
     running_ = false;

@@ -20,7 +20,8 @@ bool local_wins(const NodeIdentity& local, AttemptId ours, const NodeIdentity& p
 P2pResolver::P2pResolver(NodeIdentity local) : local_(local) {}
 
 bool P2pResolver::has_attempt(KeyState state) {
-  return state == KeyState::requesting || state == KeyState::lost || state == KeyState::binding;
+  return state == KeyState::requesting || state == KeyState::lost || state == KeyState::binding ||
+         state == KeyState::checking;
 }
 
 // Rule 6: a request of the incarnation we know whose attempt is no newer than the one we know is
@@ -57,9 +58,27 @@ Status<std::errc> P2pResolver::connect(const P2pKey& key, AttemptId attempt, Lin
 }
 
 Status<std::errc> P2pResolver::connect(const P2pKey& key, AttemptId attempt, LinkId attempt_link,
-                                       Time deadline, Time now, const TakeBack& take_back) {
+                                       Time deadline, Time now, const TakeBack& take_back,
+                                       const CheckLink& check) {
   expire(now);
   auto it = entries_.find(key);
+  if (it != entries_.end() && it->second.state == KeyState::established && check) {
+    if (attempt_link == 0 || links_.contains(attempt_link) || attempts_.contains(attempt)) {
+      return fail(std::errc::invalid_argument);
+    }
+    // R5b: a transport without resets cannot tell a connection whose peer restarted from a
+    // live one without asking it. The attempt waits on the answer instead of EISCONN now.
+    if (!check(it->second.link)) return fail(std::errc::already_connected);
+    Entry& entry = it->second;
+    entry.state = KeyState::checking;
+    entry.attempt = attempt;
+    entry.attempt_link = attempt_link;
+    entry.deadline = deadline;
+    attempts_.emplace(attempt, key);
+    deadlines_.emplace(deadline, attempt);  // rule 8: the wait is bounded by the attempt's deadline
+    ++stats_.links_checked;
+    return {};
+  }
   if (it == entries_.end() || it->second.state != KeyState::delivered || !take_back) {
     return connect(key, attempt, attempt_link, deadline);
   }
@@ -123,6 +142,9 @@ void P2pResolver::handle_request(const P2pKey& key, LinkId link, const NodeIdent
       // request our attempt must take: binding is the only way left to ESTABLISHED.
       bind(it, request);
       return;
+    case KeyState::checking:
+      on_request_while_checking(it, request);
+      return;
     case KeyState::delivered:
     case KeyState::accepted:
     case KeyState::binding:
@@ -166,6 +188,54 @@ void P2pResolver::on_request_while_requesting(Entries::iterator it, const PeerRe
   bind(it, request);
 }
 
+// R5b, outcome (a): a request that rule 6 says replaces the checked connection proves the peer
+// restarted (or closed the link and connects anew). The stale link goes first (DISCONNECTED on
+// its CmId), then the waiting attempt takes the request as a lost attempt does (rule 3): it has
+// sent nothing, and the request, newer than anything of the peer this node knows, is no stale
+// copy, so the attempt ends ESTABLISHED on its own CmId whatever the GUIDs say.
+void P2pResolver::on_request_while_checking(Entries::iterator it, const PeerRequest& request) {
+  Entry& entry = it->second;
+  if (older_or_same(request, entry.peer_incarnation, entry.peer_cmid)) {
+    reject(it->first, request.link, P2pRejectReason::duplicate);  // rule 6: a late copy
+    return;
+  }
+  ++(request.incarnation != entry.peer_incarnation ? stats_.replaced_restarted : stats_.replaced_stale);
+  emit({.kind = P2pAction::Kind::teardown_link, .key = it->first, .link = entry.link});
+  links_.erase(entry.link);
+  entry.link = 0;
+  entry.attempt_link = 0;
+  entry.state = KeyState::lost;
+  entry.peer_cmid.reset();
+  bind(it, request);
+}
+
+// R5b: the check is over with the connection still up (it answered, or the attempt ended
+// otherwise): the key is the established connection it was.
+void P2pResolver::end_check(Entries::iterator it) {
+  Entry& entry = it->second;
+  deadlines_.erase({entry.deadline, entry.attempt});
+  attempts_.erase(entry.attempt);
+  entry.state = KeyState::established;
+  entry.attempt = 0;
+  entry.attempt_link = 0;
+}
+
+void P2pResolver::handle_link_alive(LinkId link) {
+  auto found = links_.find(link);
+  if (found == links_.end()) return;
+  auto it = entries_.find(found->second);
+  assert(it != entries_.end());
+  if (it->second.state != KeyState::checking || it->second.link != link) return;
+  // R5b, outcome (b): the peer answered on the connection, so it is the incarnation we are
+  // connected to: rule 5 stands, reported now that it is known.
+  ++stats_.checks_alive;
+  emit({.kind = P2pAction::Kind::attempt_already_connected,
+        .key = it->first,
+        .link = link,
+        .attempt = it->second.attempt});
+  end_check(it);
+}
+
 void P2pResolver::handle_attempt_rejected_by_cm(AttemptId attempt) {
   auto at = attempts_.find(attempt);
   if (at == attempts_.end()) return;
@@ -181,6 +251,10 @@ void P2pResolver::handle_attempt_ended(AttemptId attempt) {
   if (at == attempts_.end()) return;
   auto it = entries_.find(at->second);
   assert(it != entries_.end());
+  if (it->second.state == KeyState::checking) {
+    end_check(it);  // the attempt held no link of its own; the connection it waited on stays
+    return;
+  }
   attempt_over(it);  // the driver reported the end and closes whatever link the attempt held
 }
 
@@ -223,6 +297,7 @@ void P2pResolver::established(const P2pKey& key, LinkId link, std::uint64_t peer
     case KeyState::accepted:
       break;
     case KeyState::established:
+    case KeyState::checking:
     case KeyState::lost:
       return;
   }
@@ -290,6 +365,20 @@ void P2pResolver::handle_link_closed(LinkId link) {
     case KeyState::established:
       forget(it);  // no leak: nothing outlives its connection
       return;
+    case KeyState::checking: {
+      // R5b, outcome (c): the checked connection ended (its probe went unanswered, the peer's
+      // host refused it, the peer or the application closed it) and no newer request came:
+      // the key is free, and the attempt goes on as a fresh connect.
+      entry.state = KeyState::requesting;
+      entry.link = entry.attempt_link;
+      entry.attempt_link = 0;
+      entry.peer_incarnation = 0;
+      entry.peer_cmid.reset();
+      links_.erase(link);
+      links_.emplace(entry.link, it->first);
+      emit({.kind = P2pAction::Kind::dial_attempt, .key = it->first, .link = entry.link, .attempt = entry.attempt});
+      return;
+    }
     case KeyState::lost:
       return;  // holds no link
   }
@@ -316,7 +405,8 @@ std::optional<P2pAction> P2pResolver::poll_action() {
 
 std::optional<LinkId> P2pResolver::established_link(const P2pKey& key) const {
   auto it = entries_.find(key);
-  if (it == entries_.end() || it->second.state != KeyState::established) return std::nullopt;
+  if (it == entries_.end()) return std::nullopt;
+  if (it->second.state != KeyState::established && it->second.state != KeyState::checking) return std::nullopt;
   return it->second.link;
 }
 
@@ -425,11 +515,16 @@ void P2pResolver::expire(Time now) {
     assert(it != entries_.end());
     // Rule 8: CONNECT_ERROR at the deadline; the driver closes the link the attempt held.
     ++stats_.attempts_timed_out;
+    const bool checking = it->second.state == KeyState::checking;
     emit({.kind = P2pAction::Kind::attempt_failed,
           .key = it->first,
-          .link = it->second.link,
+          .link = checking ? 0 : it->second.link,  // R5b: the checked connection is not the attempt's
           .attempt = attempt});
-    attempt_over(it);
+    if (checking) {
+      end_check(it);
+    } else {
+      attempt_over(it);
+    }
   }
 }
 

@@ -72,6 +72,14 @@ struct P2pAction {
     // rule 8: `attempt` ends with CONNECT_ERROR (deadline passed); close `link` if not 0 (the
     // attempt's own link, or the request link it was bound to).
     attempt_failed,
+    // rule R5b: the connection `attempt` waited on ended without a new request: the attempt
+    // proceeds as a fresh connect, its own request going out on `link` (the attempt_link its
+    // connect() named).
+    dial_attempt,
+    // rule R5b: the key's established connection `link` answered its check, so the peer is the
+    // incarnation it was: `attempt` ends with EISCONN, reported as an event (CONNECT_ERROR).
+    // `link` stays established; nothing is closed.
+    attempt_already_connected,
   };
   Kind kind = Kind::deliver_request;
   P2pKey key;
@@ -90,6 +98,8 @@ struct P2pStats {
   std::uint64_t delivered = 0;           // requests delivered to the application
   std::uint64_t attempts_timed_out = 0;  // attempt_failed
   std::uint64_t replaced_stale = 0;      // links replaced by a newer attempt of the same incarnation
+  std::uint64_t links_checked = 0;       // R5b: connects that waited on a check of the connection
+  std::uint64_t checks_alive = 0;        // of which the connection answered (EISCONN)
 };
 
 class P2pResolver {
@@ -112,8 +122,17 @@ class P2pResolver {
   // the attempt's request goes out and the taken-back request is held. If it did not (false),
   // EALREADY as above. Every transport uses this entry point; only the taking back is theirs.
   using TakeBack = std::function<bool(LinkId request_link)>;
+  // R5b, the stale-connection rule (docs/p2p.md, Rules): when `key` has an established link,
+  // `check` (when given) is asked to check it (its transport sends a liveness probe on it) and
+  // answers whether it started one. If it did, the attempt is admitted and waits without
+  // dialling (attempt_dials() is false) until the first of: a request for `key` that rule 6
+  // says replaces the link (teardown_link, then accept_into_attempt with aborted_link 0),
+  // handle_link_alive(link) (attempt_already_connected), the link's close (dial_attempt: the
+  // attempt's request goes out on `attempt_link`), or its deadline (attempt_failed, link 0).
+  // If it did not, or without `check`, EISCONN at once as before.
+  using CheckLink = std::function<bool(LinkId established_link)>;
   Status<std::errc> connect(const P2pKey& key, AttemptId attempt, LinkId attempt_link, Time deadline,
-                            Time now, const TakeBack& take_back);
+                            Time now, const TakeBack& take_back, const CheckLink& check = {});
   // Whether `attempt` still waits for a reply on `attempt_link` (its own request must go out):
   // false once connect() bound it to a taken-back request.
   bool attempt_dials(AttemptId attempt, LinkId attempt_link) const;
@@ -150,6 +169,9 @@ class P2pResolver {
   // Any link closed (established or not). An attempt whose own (or bound) link closes lives on
   // until its deadline and binds the peer's next request (a restarted peer's, say).
   void handle_link_closed(LinkId link);
+  // R5b: the established `link` answered the check connect() asked for (the peer is the same
+  // incarnation). Ignored unless an attempt waits on that link's check.
+  void handle_link_alive(LinkId link);
   void handle_timeout(Time now);
 
   // --- outputs ---
@@ -175,6 +197,8 @@ class P2pResolver {
     accepted,     // the application accepted it; waiting for `link` to establish
     binding,      // our attempt was bound to the peer's request on `link` (rule 3 passive)
     established,  // `link` is the connection for this key
+    checking,     // `link` is established and being checked (R5b): `attempt` waits on it and
+                  // will dial on `attempt_link` if the link ends without a new request
   };
 
   // A peer's request: its link and what its CM header said.
@@ -188,11 +212,12 @@ class P2pResolver {
   struct Entry {
     KeyState state = KeyState::requesting;
     LinkId link = 0;        // see KeyState; 0 only when lost
-    AttemptId attempt = 0;  // requesting / lost / binding
-    Time deadline{};        // requesting / lost / binding
+    AttemptId attempt = 0;  // requesting / lost / binding / checking
+    Time deadline{};        // requesting / lost / binding / checking
+    LinkId attempt_link = 0;  // checking: where the attempt's own request goes if it dials
     bool collided = false;  // requesting: won a collision (stats)
     PeerRequest held;       // requesting: the colliding request our attempt wins
-    std::uint64_t peer_incarnation = 0;  // delivered / accepted / binding / established
+    std::uint64_t peer_incarnation = 0;  // delivered / accepted / binding / established / checking
     std::optional<AttemptId> peer_cmid;  // the peer's CmId on `link`, when known
     std::uint64_t peer_guid = 0;         // delivered: the request's sender (unseen-request rule)
   };
@@ -204,6 +229,8 @@ class P2pResolver {
                             std::optional<AttemptId> known);
   void on_request_while_requesting(Entries::iterator it, const PeerRequest& request,
                                    const NodeIdentity& peer);
+  void on_request_while_checking(Entries::iterator it, const PeerRequest& request);
+  void end_check(Entries::iterator it);
   void deliver(const P2pKey& key, const PeerRequest& request);
   void bind(Entries::iterator it, const PeerRequest& request);
   void reject(const P2pKey& key, LinkId link, P2pRejectReason reason);

@@ -5,6 +5,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -454,9 +455,18 @@ struct Mesh::Impl {
         if (peer_gone(c, std::errc::host_unreachable)) return;
         on_connection_ended(c);
         return;
+      case CmEventType::connect_error:
+        if (event.status == EISCONN && c.initiated && c.state != Conn::State::established) {
+          // docs/p2p.md R5b: over RoCE the key's connection was checked and answered: the
+          // connect's EISCONN, reported late. The connection we have is the one we want.
+          destroy_conn(c);
+          ++stats.connects_refused_by_cm;
+          return;
+        }
+        on_connection_ended(c);
+        return;
       case CmEventType::addr_error:
       case CmEventType::route_error:
-      case CmEventType::connect_error:
       case CmEventType::disconnected:
         on_connection_ended(c);
         return;

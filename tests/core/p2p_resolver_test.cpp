@@ -643,5 +643,193 @@ TEST(P2pResolver, FetchedRequestKeepsConnectEalready) {
   EXPECT_EQ(x.established_link(kToY), 101u);
 }
 
+// ---------------------------------------------------------------------------------------------
+// R5b: a connect to a key whose connection may be stale waits on a check of that connection
+
+// Checks the link it is asked about, and remembers it.
+struct Checker {
+  std::vector<LinkId> asked;
+  bool can_check = true;
+  P2pResolver::CheckLink function() {
+    return [this](LinkId link) {
+      asked.push_back(link);
+      return can_check;
+    };
+  }
+};
+
+// x holds an established connection on link 9 to the peer `peer` (its CmId 3), and attempt 50
+// (own link 7 if it dials) waits on the check of link 9.
+void start_check(P2pResolver& x, Checker& checker, const NodeIdentity& peer) {
+  establish_delivered(x, peer, 3);
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kDeadline, kStart, {}, checker.function()));
+  ASSERT_EQ(checker.asked, std::vector<LinkId>{9});
+  EXPECT_TRUE(drain(x).empty());
+  EXPECT_FALSE(x.attempt_dials(50, 7));
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(9));  // still the connection
+  EXPECT_EQ(x.next_deadline(), std::optional<Time>(kDeadline));
+}
+
+TEST(P2pResolver, ConnectToAnEstablishedKeyIsEisconnAtOnceUnlessTheTransportChecksIt) {
+  P2pResolver x(kSmall);
+  establish_delivered(x, kLarge, 3);
+  // No checker (iWARP): rule 5 as ever.
+  EXPECT_EQ(x.connect(kToY, 50, 7, kDeadline, kStart, {}).error(), std::errc::already_connected);
+  // A checker that cannot check this connection (no QP, no ACK timeout): the same.
+  Checker unable{.can_check = false};
+  EXPECT_EQ(x.connect(kToY, 50, 7, kDeadline, kStart, {}, unable.function()).error(), std::errc::already_connected);
+  EXPECT_EQ(unable.asked, std::vector<LinkId>{9});
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+  EXPECT_FALSE(x.next_deadline().has_value());
+  // One that can: the attempt waits, and a second connect meanwhile finds it pending.
+  Checker checker;
+  ASSERT_TRUE(x.connect(kToY, 50, 7, kDeadline, kStart, {}, checker.function()));
+  EXPECT_EQ(x.tracked_attempts(), 1u);
+  EXPECT_EQ(x.stats().links_checked, 1u);
+  EXPECT_EQ(x.connect(kToY, 51, 8, kDeadline, kStart, {}, checker.function()).error(),
+            std::errc::connection_already_in_progress);
+  EXPECT_EQ(checker.asked.size(), 1u);
+}
+
+// Outcome (a): the restarted peer's REQ arrives while the attempt waits. The stale link goes
+// first, then the attempt takes the request whatever the GUIDs (it sent nothing to collide).
+TEST(P2pResolver, RestartedPeersRequestWhileCheckingEndsTheStaleLinkAndBindsTheWaitingAttempt) {
+  for (const bool local_larger : {false, true}) {
+    SCOPED_TRACE(local_larger ? "local GUID larger" : "local GUID smaller");
+    P2pResolver x(local_larger ? kLarge : kSmall);
+    const NodeIdentity peer = local_larger ? kSmall : kLarge;
+    Checker checker;
+    start_check(x, checker, peer);
+    const NodeIdentity restarted{.guid = peer.guid, .incarnation = peer.incarnation + 1};
+    x.handle_request(kToY, 11, restarted, 1, kStart);  // its CmId counter started again
+    const auto actions = drain(x);
+    ASSERT_EQ(actions.size(), 2u);
+    EXPECT_EQ(actions[0].kind, Kind::teardown_link);  // DISCONNECTED on the old CmId first
+    EXPECT_EQ(actions[0].link, 9u);
+    EXPECT_EQ(actions[1].kind, Kind::accept_into_attempt);
+    EXPECT_EQ(actions[1].attempt, 50u);
+    EXPECT_EQ(actions[1].link, 11u);
+    EXPECT_EQ(actions[1].aborted_link, 0u);  // the attempt never dialled
+    EXPECT_EQ(x.stats().replaced_restarted, 1u);
+    EXPECT_EQ(x.stats().delivered, 1u);  // only the first connection's request
+    x.handle_link_closed(9);              // the teardown's close changes nothing
+    x.handle_link_alive(9);               // nor a late answer of the old link
+    EXPECT_TRUE(drain(x).empty());
+    x.handle_established(kToY, 11, restarted.incarnation);
+    EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(11));
+    EXPECT_EQ(x.tracked_attempts(), 0u);
+    EXPECT_EQ(x.tracked_links(), 1u);
+    EXPECT_FALSE(x.next_deadline().has_value());
+  }
+}
+
+TEST(P2pResolver, LateDuplicateWhileCheckingIsRejectedAndTheCheckGoesOn) {
+  P2pResolver x(kSmall);
+  Checker checker;
+  start_check(x, checker, kLarge);
+  x.handle_request(kToY, 11, kLarge, 3, kStart);  // the established connection's request again
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::reject_request);
+  EXPECT_EQ(action.reason, P2pRejectReason::duplicate);
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(9));
+  x.handle_link_alive(9);
+  EXPECT_EQ(only_action(x).kind, Kind::attempt_already_connected);
+}
+
+// Outcome (b): the connection answers: the peer is the incarnation we know, rule 5 stands.
+TEST(P2pResolver, ConnectionThatAnswersItsCheckEndsTheAttemptWithEisconn) {
+  P2pResolver x(kSmall);
+  Checker checker;
+  start_check(x, checker, kLarge);
+  x.handle_link_alive(10);  // another link: nothing
+  EXPECT_TRUE(drain(x).empty());
+  x.handle_link_alive(9);
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::attempt_already_connected);
+  EXPECT_EQ(action.attempt, 50u);
+  EXPECT_EQ(action.link, 9u);
+  EXPECT_EQ(x.stats().checks_alive, 1u);
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(9));
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+  EXPECT_FALSE(x.next_deadline().has_value());
+  x.handle_link_alive(9);  // answered once only
+  EXPECT_TRUE(drain(x).empty());
+  // The connection is what it was: a later request of the peer is still a duplicate, and a
+  // later connect is checked again.
+  x.handle_request(kToY, 11, kLarge, 2, kStart);
+  EXPECT_EQ(only_action(x).kind, Kind::reject_request);
+  ASSERT_TRUE(x.connect(kToY, 51, 8, kDeadline, kStart, {}, checker.function()));
+  EXPECT_EQ(checker.asked.size(), 2u);
+}
+
+// Outcome (c): the connection ends (probe unanswered, port unreachable, DREQ, the application)
+// before any new request: the attempt goes on as a fresh connect on its own link.
+TEST(P2pResolver, ConnectionThatEndsDuringItsCheckLetsTheAttemptDial) {
+  P2pResolver x(kSmall);
+  Checker checker;
+  start_check(x, checker, kLarge);
+  x.handle_link_closed(9);
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::dial_attempt);
+  EXPECT_EQ(action.attempt, 50u);
+  EXPECT_EQ(action.link, 7u);
+  EXPECT_TRUE(x.attempt_dials(50, 7));
+  EXPECT_FALSE(x.established_link(kToY).has_value());
+  // From here it is an ordinary attempt: the restarted peer's request collides under rule 3
+  // (its GUID is the larger: the attempt is bound to it, its own link aborted).
+  const NodeIdentity restarted{.guid = kLarge.guid, .incarnation = kLarge.incarnation + 1};
+  x.handle_request(kToY, 11, restarted, 1, kStart);
+  const P2pAction bound = only_action(x);
+  EXPECT_EQ(bound.kind, Kind::accept_into_attempt);
+  EXPECT_EQ(bound.aborted_link, 7u);
+  x.handle_established(kToY, 11, restarted.incarnation);
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(11));
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+}
+
+TEST(P2pResolver, ConnectionThatEndsDuringItsCheckLetsTheAttemptEstablishOnItsOwnRequest) {
+  P2pResolver x(kSmall);
+  Checker checker;
+  start_check(x, checker, kLarge);
+  x.handle_link_closed(9);
+  ASSERT_EQ(only_action(x).kind, Kind::dial_attempt);
+  x.handle_established(kToY, 7, kLarge.incarnation + 1, 1);
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(7));
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+  EXPECT_FALSE(x.next_deadline().has_value());
+}
+
+// Rule 8 bounds the wait; the connection the attempt waited on is not the attempt's to close.
+TEST(P2pResolver, CheckingAttemptFailsAtItsDeadlineAndTheConnectionStays) {
+  P2pResolver x(kSmall);
+  Checker checker;
+  start_check(x, checker, kLarge);
+  x.handle_timeout(kDeadline - 1ns);
+  EXPECT_TRUE(drain(x).empty());
+  x.handle_timeout(kDeadline);
+  const P2pAction action = only_action(x);
+  EXPECT_EQ(action.kind, Kind::attempt_failed);
+  EXPECT_EQ(action.attempt, 50u);
+  EXPECT_EQ(action.link, 0u);
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(9));
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+  x.handle_link_closed(9);  // later: the key is free, nothing dials
+  EXPECT_TRUE(drain(x).empty());
+  expect_idle(x);
+}
+
+TEST(P2pResolver, CheckingAttemptEndedByTheApplicationLeavesTheConnection) {
+  P2pResolver x(kSmall);
+  Checker checker;
+  start_check(x, checker, kLarge);
+  x.handle_attempt_ended(50);
+  EXPECT_TRUE(drain(x).empty());
+  EXPECT_EQ(x.established_link(kToY), std::optional<LinkId>(9));
+  EXPECT_EQ(x.tracked_attempts(), 0u);
+  EXPECT_FALSE(x.next_deadline().has_value());
+  x.handle_link_alive(9);
+  EXPECT_TRUE(drain(x).empty());
+}
+
 }  // namespace
 }  // namespace peercm::core

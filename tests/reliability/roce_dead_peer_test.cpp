@@ -14,11 +14,14 @@
 #include <unistd.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <cstdio>
 #include <optional>
+#include <vector>
 
 #include "api/roce/roce_verbs.hpp"
 #include "loopback_pair.hpp"
@@ -247,6 +250,151 @@ TEST(RoceDeadPeer, RestartedPeersRequestEndsTheStaleConnectionAndOurConnectEstab
     EXPECT_FALSE(next_event(*survivor.channel, 50ms).has_value());  // no CONNECT_REQUEST, nothing else
     connected = std::move(reconnecting);
   }
+}
+
+// docs/p2p.md R5b over the IB CM: the survivor connects while its connection to the killed
+// and restarted peer still counts as established (the peer's REQ is still to come). The connect
+// does not fail with EISCONN: the connection is checked (a probe on its QP, which the new
+// incarnation drops), and the restarted peer's REQ, arriving meanwhile, ends the stale
+// connection (DISCONNECTED on the old id) and is bound to the waiting attempt, which ends
+// ESTABLISHED on the id the survivor connected with. Even rounds connect before the peer is
+// asked to connect (the REQ surely comes second); odd rounds right after (either order).
+TEST(RoceDeadPeer, ConnectBeforeTheRestartedPeersRequestEndsEstablishedOnTheConnectingId) {
+  ContextOptions options;
+  options.roce.keepalive_interval = std::chrono::milliseconds(60000);  // only the check and the REQ may tell
+  Side survivor(options);
+  sockaddr_in own{};
+  auto listener = roce_listener(survivor, own);
+  const sockaddr_in peer_address = random_loopback(7475);
+  const std::vector<std::string> peer_arguments{"roce-p2p", text_of(peer_address), port_of(peer_address)};
+  auto peer = std::make_unique<PeerProcess>(peer_arguments);
+  ASSERT_TRUE(peer->expect("listening"));
+  std::unique_ptr<CmId> connected = routed_roce_id(survivor, peer_address);
+  ASSERT_TRUE(connected->connect({}));
+  expect_event(*survivor.channel, CmEventType::established);
+  ASSERT_TRUE(peer->expect("established accepted"));
+
+  constexpr int kRounds = 20;
+  int on_connecting_id = 0;
+  std::vector<double> connect_to_established_ms;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto reconnecting = routed_roce_id(survivor, peer_address);
+    peer.reset();  // SIGKILL
+    peer = std::make_unique<PeerProcess>(peer_arguments);
+    ASSERT_TRUE(peer->expect("listening"));
+    const bool connect_first = round % 2 == 0;
+    const std::string ask = "connect " + text_of(own) + " " + port_of(own);
+    if (!connect_first) {
+      ASSERT_TRUE(peer->send_line(ask));
+    }
+    const auto asked = Clock::now();
+    const auto connecting = reconnecting->connect({});
+    if (connect_first) {
+      ASSERT_TRUE(peer->send_line(ask));
+    }
+    auto ended = next_event(*survivor.channel, 5s);
+    ASSERT_TRUE(ended.has_value()) << "the stale connection outlived the restarted peer's REQ";
+    EXPECT_EQ(to_string(ended->type), to_string(CmEventType::disconnected));
+    EXPECT_EQ(ended->id, connected.get());
+    if (!connecting) {
+      // What R5b replaces: EISCONN at once; the peer's request then reaches the listener.
+      ADD_FAILURE() << "connect() failed: " << std::make_error_code(connecting.error()).message();
+      accept_peer(survivor, *peer);
+      connected = std::move(survivor.id);
+      continue;
+    }
+    auto event = next_event(*survivor.channel, 5s);
+    ASSERT_TRUE(event.has_value());
+    EXPECT_EQ(to_string(event->type), to_string(CmEventType::established));
+    EXPECT_EQ(event->id, reconnecting.get());
+    if (event->type == CmEventType::established && event->id == reconnecting.get()) {
+      ++on_connecting_id;
+      connect_to_established_ms.push_back(
+          std::chrono::duration<double, std::milli>(Clock::now() - asked).count());
+    }
+    ASSERT_TRUE(peer->expect("established connecting"));
+    EXPECT_FALSE(next_event(*survivor.channel, 50ms).has_value());  // no CONNECT_REQUEST, nothing else
+    connected = std::move(reconnecting);
+  }
+  std::sort(connect_to_established_ms.begin(), connect_to_established_ms.end());
+  const std::size_t n = connect_to_established_ms.size();
+  std::printf("[reliability] RoCE restart, connect before the peer's REQ: %d/%d rounds ESTABLISHED on the connecting id; "
+              "connect() to ESTABLISHED median %.1f ms, worst %.1f ms\n",
+              on_connecting_id, kRounds, n ? connect_to_established_ms[n / 2] : 0.0,
+              n ? connect_to_established_ms.back() : 0.0);
+  EXPECT_EQ(on_connecting_id, kRounds);
+}
+
+// R5b, outcome (b): a connect to a key whose connection is alive fails with EISCONN as over
+// iWARP, but over RoCE as an event: connect() returns, the connection is checked, the peer
+// answers the probe, and CONNECT_ERROR with status EISCONN follows on the connecting id. The
+// connection itself is untouched, and asking again gives the same answer.
+TEST(RoceDeadPeer, ConnectToALiveConnectedPeerEndsWithEisconnAsAnEvent) {
+  ContextOptions options;
+  options.roce.keepalive_interval = std::chrono::milliseconds(60000);
+  Side survivor(options);
+  sockaddr_in own{};
+  auto listener = roce_listener(survivor, own);
+  const sockaddr_in peer_address = random_loopback(7477);
+  PeerProcess peer({"roce-p2p", text_of(peer_address), port_of(peer_address)});
+  ASSERT_TRUE(peer.expect("listening"));
+  auto connected = routed_roce_id(survivor, peer_address);
+  ASSERT_TRUE(connected->connect({}));
+  expect_event(*survivor.channel, CmEventType::established);
+  ASSERT_TRUE(peer.expect("established accepted"));
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    auto again = routed_roce_id(survivor, peer_address);
+    const auto asked = Clock::now();
+    ASSERT_TRUE(again->connect({})) << "RoCE answers R5 after the check, as an event";
+    auto event = next_event(*survivor.channel, 5s);
+    ASSERT_TRUE(event.has_value());
+    EXPECT_EQ(to_string(event->type), to_string(CmEventType::connect_error));
+    EXPECT_EQ(event->status, EISCONN);
+    EXPECT_EQ(event->id, again.get());
+    EXPECT_LT(since(asked), 1000ms);  // one round trip to the peer; generous for a loaded host
+    EXPECT_FALSE(next_event(*survivor.channel, 100ms).has_value());  // the connection stays
+  }
+  EXPECT_FALSE(peer.read_line(100ms).has_value());  // nothing reached the peer's application
+}
+
+// R5b, outcome (c): the peer was killed and nothing took its place. The check's probe bounces
+// off the closed port (ICMP port unreachable), which ends the stale connection (DISCONNECTED on
+// the old id); the attempt then goes on as a fresh connect, whose REQ bounces too: UNREACHABLE.
+TEST(RoceDeadPeer, ConnectToAKilledConnectedPeerEndsTheStaleConnectionAndGoesOn) {
+  ContextOptions options;
+  options.roce.keepalive_interval = std::chrono::milliseconds(60000);
+  Side survivor(options);
+  sockaddr_in own{};
+  auto listener = roce_listener(survivor, own);
+  const sockaddr_in peer_address = random_loopback(7479);
+  auto peer = std::make_unique<PeerProcess>(std::vector<std::string>{"roce-p2p", text_of(peer_address), port_of(peer_address)});
+  ASSERT_TRUE(peer->expect("listening"));
+  auto connected = routed_roce_id(survivor, peer_address);
+  ASSERT_TRUE(connected->connect({}));
+  expect_event(*survivor.channel, CmEventType::established);
+  ASSERT_TRUE(peer->expect("established accepted"));
+  auto again = routed_roce_id(survivor, peer_address);
+  peer.reset();  // SIGKILL
+  const auto asked = Clock::now();
+  ASSERT_TRUE(again->connect({}));
+  auto ended = next_event(*survivor.channel, 5s);
+  ASSERT_TRUE(ended.has_value());
+  EXPECT_EQ(to_string(ended->type), to_string(CmEventType::disconnected));
+  EXPECT_EQ(ended->id, connected.get());
+  const auto disconnected = since(asked);
+  // One local ACK timeout (67 ms) until the probe's bounce is read; 8 of them (0.54 s) if the
+  // host drops that ICMP error (the kernel rate-limits them host-wide).
+  EXPECT_LT(disconnected, 1500ms);
+  // The attempt went on: its own REQ went out and bounced, at once or at its first resend
+  // (4.8 s) when the kernel dropped the first bounce, which the DREQ's just used.
+  auto event = next_event(*survivor.channel, 10s);
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(to_string(event->type), to_string(CmEventType::unreachable));
+  EXPECT_EQ(event->id, again.get());
+  std::printf("[reliability] RoCE connect to a killed connected peer: DISCONNECTED %lld ms, UNREACHABLE %lld ms after connect()\n",
+              static_cast<long long>(disconnected.count()), static_cast<long long>(since(asked).count()));
 }
 
 std::uint16_t internet_checksum(std::span<const std::uint8_t> bytes) {

@@ -378,7 +378,19 @@ Status<std::errc> connect(CmIdImpl& id, const ConnParam& param, std::optional<Cm
     unseen->state = CmIdImpl::State::idle;
     return true;
   };
-  auto agent_id = port->agent.connect(request, now(), take_back);
+  // R5b (docs/p2p.md, Rules): a key's established connection may be to a peer that was killed
+  // and restarted, which no reset tells us over UDP. Its QP probes the peer now; the agent's
+  // resolver decides on the answer (on_qp_alive, on_qp_error) or on the restarted peer's REQ.
+  auto check = [&device, &id](core::ibcm::IbCmId established) {
+    auto connection = device.find_id(st(id).address, established);
+    if (!connection || connection->state != CmIdImpl::State::established || !connection->qp_impl ||
+        !connection->qp_impl->roce)
+      return false;
+    if (!connection->qp_impl->roce->rc.check_liveness(now())) return false;
+    device.touch(connection->qp_impl->qp_num);
+    return true;
+  };
+  auto agent_id = port->agent.connect(request, now(), take_back, check);
   if (!agent_id) return fail(agent_id.error());
   start_connecting(id, *agent_id, request.starting_psn, param);
   return {};
@@ -590,6 +602,13 @@ void on_agent_event(RoceDevice& device, RocePort& port, IbCmAgentEvent& event) {
       id->emit(CmEventType::unreachable, ETIMEDOUT);
       return;
     case Kind::connect_error: {
+      if (event.already_connected) {
+        // R5b: the key's connection answered its check: rule 5's EISCONN, as an event.
+        id->state = CmIdImpl::State::route_resolved;
+        end_agent_id(*id);
+        id->emit(CmEventType::connect_error, EISCONN);
+        return;
+      }
       const bool passive = id->state == CmIdImpl::State::accepting;
       id->state = passive ? CmIdImpl::State::disconnected : CmIdImpl::State::route_resolved;
       end_agent_id(*id);
@@ -645,6 +664,12 @@ void RoceCm::release(CmIdImpl& id) { roce::release(id); }
 sockaddr_in RoceCm::local_address(CmIdImpl& id) { return id.bound_address.value_or(sockaddr_in{}); }
 void RoceCm::add_stats(CmStats& stats) {
   if (ctx_.roce) ctx_.roce->add_stats(stats);
+}
+
+void on_qp_alive(RoceDevice& device, QueuePairImpl& qp) {
+  auto id = qp.roce->owner.lock();
+  if (!id || id->state != CmIdImpl::State::established || st(*id).agent_id == 0) return;
+  if (RocePort* port = device.find_port(st(*id).address)) port->agent.handle_connection_alive(st(*id).agent_id, now());
 }
 
 void on_qp_error(RoceDevice& device, QueuePairImpl& qp, const core::roce::RcEvent& event) {

@@ -85,5 +85,7 @@ RoceDevice& device_of(ContextImpl& ctx);
 // Inputs from the device.
 void on_agent_event(RoceDevice& device, RocePort& port, core::ibcm::IbCmAgentEvent& event);
 void on_qp_error(RoceDevice& device, QueuePairImpl& qp, const core::roce::RcEvent& event);
+// The QP heard from its peer after a check its id's connect asked for (docs/p2p.md R5b).
+void on_qp_alive(RoceDevice& device, QueuePairImpl& qp);
 
 }  // namespace peercm::detail::roce

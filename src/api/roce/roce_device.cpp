@@ -655,6 +655,10 @@ bool RoceDevice::drain_qp(QueuePairImpl& qp) {
     if (datagram_.trailer_size > 0) pieces_.push_back(iovec{datagram_.trailer.data(), datagram_.trailer_size});
     faults_.send(roce.send_fd, to, pieces_);
   }
+  if (roce.rc.poll_liveness_confirmed()) {
+    any = true;
+    on_qp_alive(*this, qp);
+  }
   while (auto event = roce.rc.poll_event()) {
     any = true;
     on_qp_error(*this, qp, *event);

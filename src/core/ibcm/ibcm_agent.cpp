@@ -50,11 +50,8 @@ void IbCmAgent::listen(std::uint16_t port) { listeners_.insert(port); }
 
 void IbCmAgent::stop_listening(std::uint16_t port) { listeners_.erase(port); }
 
-Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Time now, const TakeBack& take_back) {
-  const std::size_t max = params.peer_to_peer ? kMaxP2pConnectPrivateData : kMaxConnectPrivateData;
-  if (params.private_data.size() > max || params.qpn > 0xFFFFFF) return fail(std::errc::invalid_argument);
-  if (params.peer_to_peer && attempts_.contains(params.qpn)) return fail(std::errc::invalid_argument);
-
+// The REQ of an attempt: none when its fields do not fit rdma_cm's header.
+std::optional<IbCmRequestParams> IbCmAgent::request_of(const IbCmConnectParams& params) const {
   // §6: rdma_cm's header first; the p2p header and the application's bytes are its payload.
   std::vector<std::uint8_t> payload;
   if (params.peer_to_peer) {
@@ -76,8 +73,18 @@ Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Ti
   const std::uint16_t source_port = params.source_port != 0 ? params.source_port : params.port;
   if (!w::encode_cma_private_data(w::CmaHeader::ipv4(config_.address, source_port, params.destination),
                                   payload, req.private_data)) {
-    return fail(std::errc::invalid_argument);
+    return std::nullopt;
   }
+  return req;
+}
+
+Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Time now, const TakeBack& take_back,
+                                             const CheckConnection& check) {
+  const std::size_t max = params.peer_to_peer ? kMaxP2pConnectPrivateData : kMaxConnectPrivateData;
+  if (params.private_data.size() > max || params.qpn > 0xFFFFFF) return fail(std::errc::invalid_argument);
+  if (params.peer_to_peer && attempts_.contains(params.qpn)) return fail(std::errc::invalid_argument);
+  const std::optional<IbCmRequestParams> req = request_of(params);
+  if (!req) return fail(std::errc::invalid_argument);
 
   Id record{.phase = Id::Phase::connecting,
             .active = true,
@@ -92,11 +99,16 @@ Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Ti
     link = next_link_++;
     const Duration timeout = params.connect_timeout.value_or(config_.connect_timeout);
     auto take_back_link = [this, &take_back](LinkId request_link) { return take_back_request(request_link, take_back); };
-    if (auto status = resolver_.connect(record.key, params.qpn, link, now + timeout, now, take_back_link); !status) {
+    // R5b: the established connection of the key is checked by whoever runs its QP.
+    auto check_link = [this, &check](LinkId established) { return check_connection(established, check); };
+    if (auto status = resolver_.connect(record.key, params.qpn, link, now + timeout, now, take_back_link,
+                                        check ? P2pResolver::CheckLink(check_link) : P2pResolver::CheckLink());
+        !status) {
       return fail(status.error());
     }
     if (!resolver_.attempt_dials(params.qpn, link)) {
-      // A taken-back REQ that wins R3 binds the attempt at once: our REQ never goes out.
+      // A taken-back REQ that wins R3 binds the attempt at once, and an attempt waiting on a
+      // check (R5b) dials only if the connection ends: our REQ does not go out now.
       const IbCmId id = next_id_++;
       attempts_[params.qpn] = id;
       record.pending_attempt = true;
@@ -107,7 +119,7 @@ Result<IbCmId, std::errc> IbCmAgent::connect(const IbCmConnectParams& params, Ti
   }
   const std::uint32_t comm = new_conn();
   Conn& conn = conns_.at(comm);
-  if (!conn.cm.connect(req, now)) {
+  if (!conn.cm.connect(*req, now)) {
     conns_.erase(comm);
     if (link != 0) resolver_.handle_attempt_ended(params.qpn);
     drain_resolver(now);

@@ -132,7 +132,8 @@ struct IbCmAgentEvent {
     unreachable,      // our REQ went unanswered through every retry or until the attempt's
                       // connect timeout; the id ends
     connect_error,    // establishment failed otherwise (connect timeout after the peer spoke,
-                      // p2p deadline, REP retries, MRA promise, the peer restarted); the id ends
+                      // p2p deadline, REP retries, MRA promise, the peer restarted); the id ends.
+                    // `already_connected`: R5b, the key's connection proved alive (EISCONN)
     disconnected,
     timewait_exit,    // the id ends
   };
@@ -155,6 +156,7 @@ struct IbCmAgentEvent {
   // rejected for any other status (`reason` = the SIDR status), unreachable when no REP came.
   bool datagram = false;
   std::uint32_t qkey = 0;
+  bool already_connected = false;
 };
 
 struct IbCmAgentStats {
@@ -190,7 +192,15 @@ class IbCmAgent : private P2pBinding {
   // unseen-request question: take the connect_request of id `request` back from the application
   // if it has not fetched it (true); the resolver then lets its REQ meet the attempt (R3).
   using TakeBack = std::function<bool(IbCmId request)>;
-  Result<IbCmId, std::errc> connect(const IbCmConnectParams& params, Time now, const TakeBack& take_back = {});
+  // `check` is R5b's (docs/p2p.md, Rules): when the key has an established connection, asked
+  // with that connection's id to check it (send a liveness probe on its QP now); true if it
+  // did. The attempt then waits: ESTABLISHED on it when the restarted peer's REQ replaces the
+  // connection (whose id gets `disconnected` first), connect_error with `already_connected`
+  // after handle_connection_alive(), its own REQ out once the connection ends (disconnect(),
+  // destroy(), a DREQ), connect_error at its deadline. Without it: EISCONN at once.
+  using CheckConnection = std::function<bool(IbCmId established)>;
+  Result<IbCmId, std::errc> connect(const IbCmConnectParams& params, Time now, const TakeBack& take_back = {},
+                                    const CheckConnection& check = {});
   // SIDR: a UD service id for `params.port`: its SIDR_REQs reach this node's UDP listeners.
   void listen_datagram(std::uint16_t port);
   void stop_listening_datagram(std::uint16_t port);
@@ -222,6 +232,9 @@ class IbCmAgent : private P2pBinding {
   // attempt UNREACHABLE, an accepted request CONNECT_ERROR, a DREQ to TIMEWAIT. Nothing else
   // changes, so a forged error can end no exchange with another peer.
   void handle_peer_unreachable(const Gid& peer, std::uint32_t local_comm_id, Time now);
+  // R5b: the established id `id` heard from its peer after the check a connect() asked for:
+  // the attempt waiting on it ends with connect_error, `already_connected`. Otherwise a no-op.
+  void handle_connection_alive(IbCmId id, Time now);
 
   // --- outputs ---
   std::optional<OutboundMad> poll_mad();
@@ -347,12 +360,16 @@ class IbCmAgent : private P2pBinding {
                   std::uint64_t incarnation, Time now);
   void drain_resolver(Time now) { executor_.run(resolver_, *this, now); }
   bool take_back_request(LinkId link, const TakeBack& take_back);
+  bool check_connection(LinkId link, const CheckConnection& check);
+  std::optional<IbCmRequestParams> request_of(const IbCmConnectParams& params) const;
   // P2pBinding: the resolver's actions over the IB CM (docs/p2p.md, Rules)
   void deliver_request(const P2pAction& action, Time now) override;
   void accept_into_attempt(const P2pAction& action, Time now) override;
   void reject_request(const P2pAction& action, Time now) override;
   void teardown_link(const P2pAction& action, Time now) override;
   void attempt_failed(const P2pAction& action, Time now) override;
+  void dial_attempt(const P2pAction& action, Time now) override;
+  void attempt_already_connected(const P2pAction& action, Time now) override;
   std::optional<PendingRequest> take_pending(LinkId link);
   std::vector<std::uint8_t> reply_private_data(std::uint32_t tag, std::span<const std::uint8_t> application) const;
 

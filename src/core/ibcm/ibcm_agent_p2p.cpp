@@ -217,6 +217,62 @@ void IbCmAgent::attempt_failed(const P2pAction& action, Time now) {
   push_event({.kind = IbCmAgentEvent::Kind::connect_error, .id = id});
 }
 
+// R5b: only an established connection whose id is the application's can be checked, and only
+// by whoever runs its QP (the caller's `check`).
+bool IbCmAgent::check_connection(LinkId link, const CheckConnection& check) {
+  auto found = link_conn_.find(link);
+  if (found == link_conn_.end()) return false;
+  const Conn& conn = conns_.at(found->second);
+  const Id* record = find_id(conn.owner);
+  if (record == nullptr || record->phase != Id::Phase::established || conn.cm.state() != IbCmState::established)
+    return false;
+  return check && check(conn.owner);
+}
+
+void IbCmAgent::handle_connection_alive(IbCmId id, Time now) {
+  const Id* record = find_id(id);
+  if (record == nullptr || !record->p2p || record->conn == 0) return;
+  const LinkId link = conns_.at(record->conn).link;
+  if (link == 0) return;
+  resolver_.handle_link_alive(link);
+  drain_resolver(now);
+}
+
+// R5b, outcome (c): the connection the attempt waited on ended without a new REQ: the attempt's
+// own REQ goes out now, as connect() would have sent it.
+void IbCmAgent::dial_attempt(const P2pAction& action, Time now) {
+  auto at = attempts_.find(action.attempt);
+  if (at == attempts_.end()) return;
+  const IbCmId id = at->second;
+  Id& record = ids_.at(id);
+  assert(record.params);  // a pending attempt: not established yet
+  const std::optional<IbCmRequestParams> req = request_of(*record.params);
+  const std::uint32_t comm = new_conn();
+  Conn& conn = conns_.at(comm);
+  if (!req || !conn.cm.connect(*req, now)) {  // it fit at connect(): cannot fail now
+    conns_.erase(comm);
+    resolver_.handle_attempt_ended(action.attempt);
+    end_id(id);
+    push_event({.kind = IbCmAgentEvent::Kind::connect_error, .id = id});
+    return;
+  }
+  conn.owner = id;
+  conn.link = action.link;
+  link_conn_[action.link] = comm;
+  record.conn = comm;
+  sync(comm, now);
+}
+
+// R5b, outcome (b): the peer answered on the connection, so it is the one we are connected to:
+// the attempt ends as rule 5 says, EISCONN, as an event since connect() returned long ago.
+void IbCmAgent::attempt_already_connected(const P2pAction& action, Time /*now*/) {
+  auto at = attempts_.find(action.attempt);
+  if (at == attempts_.end()) return;
+  const IbCmId id = at->second;
+  end_id(id);  // it held no connection of its own
+  push_event({.kind = IbCmAgentEvent::Kind::connect_error, .id = id, .already_connected = true});
+}
+
 std::optional<IbCmAgent::PendingRequest> IbCmAgent::take_pending(LinkId link) {
   auto it = pending_.find(link);
   if (it == pending_.end()) return std::nullopt;

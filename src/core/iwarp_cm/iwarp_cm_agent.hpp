@@ -293,6 +293,10 @@ class IwarpCmAgent : private P2pBinding {
   void accept_into_attempt(const P2pAction& action, Time now) override;
   void teardown_link(const P2pAction& action, Time now) override;
   void attempt_failed(const P2pAction& action, Time now) override;
+  // R5b needs no check over iWARP: a dead peer's stream is reset by its kernel, so an
+  // established link is a live one and connect() passes no CheckLink. Never emitted here.
+  void dial_attempt(const P2pAction&, Time) override {}
+  void attempt_already_connected(const P2pAction&, Time) override {}
 
   StreamId new_stream() { return next_stream_++; }
   Id* find_id(IwarpCmId id);

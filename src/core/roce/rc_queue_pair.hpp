@@ -69,6 +69,14 @@ class RcQueuePair {
   // ERROR with retry_exceeded, the oldest unacknowledged WR completing with that status.
   // No-op before the QP is connected or once it is in ERROR.
   void handle_peer_unreachable(Time now);
+  // Asks whether the peer is still there now rather than after keepalive_interval of silence
+  // (docs/p2p.md R5b: a connect to a key whose connection may be stale). An idle QP sends the
+  // keepalive probe at once and counts it as one; one with requests awaiting their ACK lets the
+  // ACK timer watch, as the keepalive does. The next valid packet from the peer makes
+  // poll_liveness_confirmed() true once; no answer ends the QP as the keepalive does (ERROR,
+  // retry_exceeded). False (nothing asked) before connect(), in ERROR, or without a local
+  // ACK timeout, which is what would bound the wait.
+  bool check_liveness(Time now);
 
   // --- outputs ---
   // The next datagram as one UDP payload, copied into `out` (at least max_datagram_size()
@@ -83,6 +91,8 @@ class RcQueuePair {
   std::optional<Time> next_deadline() const;
   // The QP entered ERROR (reported once).
   std::optional<RcEvent> poll_event();
+  // The peer answered since check_liveness() (reported once per check).
+  bool poll_liveness_confirmed();
   QpState state() const { return state_; }
   const RcStats& stats() const { return stats_; }
   // The peer's QPN once connected (0 before).
@@ -251,6 +261,9 @@ class RcQueuePair {
   std::optional<Time> keepalive_due_;
   std::uint32_t probes_unanswered_ = 0;
   bool probe_owed_ = false;
+  // check_liveness(): asked, and answered since
+  bool liveness_asked_ = false;
+  bool liveness_confirmed_ = false;
 
   // responder
   ReceiveQueue rq_;

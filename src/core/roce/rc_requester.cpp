@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/roce/rc_queue_pair.hpp"
 #include "core/roce/sge_span.hpp"
@@ -376,15 +377,22 @@ bool RcQueuePair::next_recovery_probe(TxPlan& plan) {
 // A valid packet from the peer: it is alive; the next probe is an interval away.
 void RcQueuePair::heard_from_peer() {
   probes_unanswered_ = 0;
-  if (params_.keepalive_interval > Duration::zero() && state_ != QpState::error)
+  if (liveness_asked_) {
+    liveness_asked_ = false;
+    liveness_confirmed_ = true;
+  }
+  if (params_.keepalive_interval > Duration::zero() && state_ != QpState::error) {
     keepalive_due_ = now_ + params_.keepalive_interval;
+  } else {
+    keepalive_due_.reset();  // without a keepalive only a check_liveness() probes
+  }
 }
 
 void RcQueuePair::keepalive_timeout() {
   keepalive_due_.reset();
   // A request awaiting its ACK has the ACK timer and retry_cnt watching the peer already.
   if (una_psn_ != sent_end_psn_ || ack_timeout_ == Duration::zero()) {
-    keepalive_due_ = now_ + params_.keepalive_interval;
+    if (params_.keepalive_interval > Duration::zero()) keepalive_due_ = now_ + params_.keepalive_interval;
     return;
   }
   if (probes_unanswered_ > params_.retry_cnt) {
@@ -395,6 +403,24 @@ void RcQueuePair::keepalive_timeout() {
   probe_owed_ = true;
   keepalive_due_ = now_ + ack_timeout_;
 }
+
+bool RcQueuePair::check_liveness(Time now) {
+  now_ = std::max(now_, now);
+  if (!connected_ || state_ == QpState::error || ack_timeout_ == Duration::zero()) return false;
+  liveness_asked_ = true;
+  liveness_confirmed_ = false;
+  // Requests awaiting their ACK: the ACK timer and retry_cnt answer the question already.
+  if (una_psn_ == sent_end_psn_ && !probe_owed_ && probes_unanswered_ == 0) {
+    // The keepalive's first probe, now: the ones after it and the verdict follow as ever.
+    ++probes_unanswered_;
+    probe_owed_ = true;
+    keepalive_due_ = now_ + ack_timeout_;
+  }
+  after_input();
+  return true;
+}
+
+bool RcQueuePair::poll_liveness_confirmed() { return std::exchange(liveness_confirmed_, false); }
 
 // The probe: a zero-length RDMA WRITE ONLY with AckReq and the PSN before our next one.
 // The responder has seen that PSN (or it precedes the first it expects), so it is a

@@ -395,6 +395,56 @@ TEST(RcRules, KeepaliveProbesAnIdlePeerAndEndsTheQpOnceThePeerIsGone) {
   EXPECT_GE(wire.now - gone, milliseconds(500));
 }
 
+// docs/p2p.md R5b: a connect asks the QP of a possibly stale connection whether its peer is
+// there now. The keepalive's probe leaves at once, with or without a keepalive configured; an
+// answer is reported once; no answer ends the QP after retry_cnt + 1 probes, as the keepalive.
+TEST(RcRules, LivenessCheckProbesAtOnceAndReportsTheAnswerOnce) {
+  for (const bool keepalive : {false, true}) {
+    SCOPED_TRACE(keepalive ? "with keepalive" : "without keepalive");
+    PairParams p = pair_params();
+    if (keepalive) p.a.keepalive_interval = p.b.keepalive_interval = std::chrono::seconds(60);
+    Wire wire(p);
+    EXPECT_FALSE(wire.a.qp.poll_liveness_confirmed());
+    ASSERT_TRUE(wire.a.qp.check_liveness(wire.now));
+    wire.settle();
+    EXPECT_EQ(wire.a.qp.stats().keepalive_probes, 1u);
+    EXPECT_EQ(wire.b.qp.stats().duplicate_requests, 1u);  // answered, not executed
+    EXPECT_TRUE(wire.a.qp.poll_liveness_confirmed());
+    EXPECT_FALSE(wire.a.qp.poll_liveness_confirmed());  // once
+    EXPECT_TRUE(wire.a.scq.wcs.empty() && wire.b.rcq.wcs.empty());
+    // Answered: nothing more is due before the keepalive's own interval (none without one).
+    if (keepalive) {
+      ASSERT_TRUE(wire.a.qp.next_deadline().has_value());
+      EXPECT_GE(*wire.a.qp.next_deadline() - wire.now, std::chrono::seconds(59));
+    } else {
+      EXPECT_EQ(wire.a.qp.next_deadline(), std::nullopt);
+    }
+  }
+}
+
+TEST(RcRules, UnansweredLivenessCheckEndsTheQpAsRetriesExceeded) {
+  PairParams p = pair_params();
+  p.a.retry_cnt = 2;
+  Wire wire(p);
+  wire.filter = [](int from, const w::PacketView&) { return from != 1; };  // B's answers are lost
+  const Time asked = wire.now;
+  ASSERT_TRUE(wire.a.qp.check_liveness(wire.now));
+  while (wire.a.qp.state() != QpState::error) {
+    wire.settle();
+    const auto next = wire.a.qp.next_deadline();
+    ASSERT_TRUE(next.has_value());
+    wire.now = std::max(wire.now, *next);
+    wire.a.qp.handle_timeout(wire.now);
+  }
+  EXPECT_FALSE(wire.a.qp.poll_liveness_confirmed());
+  const auto events = wire.a.events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].cause, RcErrorCause::retry_exceeded);
+  EXPECT_EQ(wire.a.qp.stats().keepalive_probes, 3u);  // retry_cnt + 1
+  EXPECT_EQ(wire.now - asked, 3 * local_ack_timeout_duration(p.a.local_ack_timeout));
+  EXPECT_FALSE(wire.a.qp.check_liveness(wire.now));  // in ERROR: nothing to ask
+}
+
 TEST(RcRules, WithoutKeepaliveAnIdleQpSendsNothingAndHasNoDeadline) {
   Wire wire;
   wire.run(std::chrono::seconds(30));
