@@ -5,7 +5,9 @@
 // - Gone while we send to it (a REQ, RC packets): its host answers with ICMP port unreachable,
 //   which ends the exchange at once instead of after every resend.
 // - Restarted on its address (a new incarnation) and connecting again: its REQ ends the stale
-//   connection first (docs/p2p.md R6), and our own connect then ends ESTABLISHED on its id.
+//   connection first (docs/p2p.md R6), and our own connect then ends ESTABLISHED on its id,
+//   whether it was made after that or before the REQ arrived (R5b: the connect waits on a check
+//   of the connection). A connect to a live connected peer still ends with EISCONN, as an event.
 #include <arpa/inet.h>
 #include <netinet/ip.h>
 #include <netinet/ip_icmp.h>

@@ -227,6 +227,114 @@ TEST_F(P2p, NewIncarnationReplacesTheOldConnection) {
   EXPECT_EQ(net.count(kB, EventKind::established), 2);
 }
 
+// R5b (docs/p2p.md, Rules): B is connected to A; A restarts. B's connect to A, made before A's
+// new REQ arrives, asks for a check of the connection instead of failing with EISCONN, sends no
+// REQ, and is bound to A's REQ when it comes: DISCONNECTED on the old id first, then ESTABLISHED
+// on the connecting id; A's attempt ends ESTABLISHED too, and A's REQ is never a CONNECT_REQUEST.
+TEST_F(P2p, ConnectWaitingOnACheckIsBoundToTheRestartedPeersRequest) {
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true), net.now);
+  net.run_for(2ms);
+  accept_requests(kB, 0x200);
+  net.run_for(5ms);
+  ASSERT_NE(net.find(kA, EventKind::established, *ida), nullptr);
+  const IbCmAgentEvent* old = net.find(kB, EventKind::established);
+  ASSERT_NE(old, nullptr);
+  const IbCmId old_id = old->id;
+
+  net.restart(kA, 0xA2);
+  net.agent(kA).listen(7471);
+  net.events[kA].clear();
+  net.events[kB].clear();
+  const int reqs_before = net.sent[w::CmAttribute::req];
+  std::vector<IbCmId> checked;
+  auto waiting = net.agent(kB).connect(connect_params(kA, 0x201, true), net.now, {}, [&](IbCmId id) {
+    checked.push_back(id);
+    return true;
+  });
+  ASSERT_TRUE(waiting.has_value());
+  EXPECT_EQ(checked, std::vector<IbCmId>{old_id});
+  net.run_for(5ms);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], reqs_before);  // it waits; nothing dialled
+  EXPECT_TRUE(net.events[kB].empty());
+  // A second connect meanwhile: an attempt is pending.
+  auto second = net.agent(kB).connect(connect_params(kA, 0x202, true), net.now, {}, [](IbCmId) { return true; });
+  ASSERT_FALSE(second.has_value());
+  EXPECT_EQ(second.error(), std::errc::connection_already_in_progress);
+
+  auto again = net.agent(kA).connect(connect_params(kB, 0x050, true), net.now);
+  ASSERT_TRUE(again.has_value());
+  net.run_for(20ms);
+  ASSERT_FALSE(net.events[kB].empty());
+  EXPECT_EQ(net.events[kB].front().kind, EventKind::disconnected);
+  EXPECT_EQ(net.events[kB].front().id, old_id);
+  EXPECT_NE(net.find(kB, EventKind::established, *waiting), nullptr);
+  EXPECT_EQ(net.find(kB, EventKind::connect_request), nullptr);
+  EXPECT_NE(net.find(kA, EventKind::established, *again), nullptr);
+  EXPECT_EQ(net.agent(kB).resolver().stats().replaced_restarted, 1u);
+  EXPECT_EQ(net.agent(kB).stats().p2p_bound, 1u);
+}
+
+// R5b: the connection answers its check (its QP heard from the peer): the waiting attempt ends
+// with connect_error, `already_connected`; the connection and the peer see nothing.
+TEST_F(P2p, ConnectWaitingOnACheckEndsAlreadyConnectedWhenTheConnectionAnswers) {
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true), net.now);
+  net.run_for(2ms);
+  accept_requests(kB, 0x200);
+  net.run_for(5ms);
+  ASSERT_NE(net.find(kA, EventKind::established, *ida), nullptr);
+  const IbCmAgentEvent* old = net.find(kB, EventKind::established);
+  ASSERT_NE(old, nullptr);
+  const IbCmId old_id = old->id;
+  net.events[kA].clear();
+  net.events[kB].clear();
+  const int mads_before = net.sent[w::CmAttribute::req] + net.sent[w::CmAttribute::dreq];
+  auto waiting = net.agent(kB).connect(connect_params(kA, 0x201, true), net.now, {}, [](IbCmId) { return true; });
+  ASSERT_TRUE(waiting.has_value());
+  net.agent(kB).handle_connection_alive(*waiting, net.now);  // not the checked connection: nothing
+  net.run_for(5ms);
+  EXPECT_TRUE(net.events[kB].empty());
+  net.agent(kB).handle_connection_alive(old_id, net.now);
+  net.run_for(1ms);  // the fabric collects events and MADs as time runs
+  ASSERT_EQ(net.events[kB].size(), 1u);
+  EXPECT_EQ(net.events[kB][0].kind, EventKind::connect_error);
+  EXPECT_EQ(net.events[kB][0].id, *waiting);
+  EXPECT_TRUE(net.events[kB][0].already_connected);
+  EXPECT_EQ(net.agent(kB).state_of(old_id), IbCmState::established);
+  EXPECT_EQ(net.sent[w::CmAttribute::req] + net.sent[w::CmAttribute::dreq], mads_before);
+  EXPECT_TRUE(net.events[kA].empty());
+  // Without a way to check (no QP): EISCONN at once, as over iWARP.
+  auto unchecked = net.agent(kB).connect(connect_params(kA, 0x202, true), net.now, {}, [](IbCmId) { return false; });
+  ASSERT_FALSE(unchecked.has_value());
+  EXPECT_EQ(unchecked.error(), std::errc::already_connected);
+}
+
+// R5b: the connection ends while the attempt waits (here the application disconnects it; a
+// keepalive verdict does the same through the same call): the attempt's REQ goes out then, and
+// it establishes as a fresh connect.
+TEST_F(P2p, ConnectWaitingOnACheckDialsOnceTheConnectionEnds) {
+  auto ida = net.agent(kA).connect(connect_params(kB, 0x100, true), net.now);
+  net.run_for(2ms);
+  accept_requests(kB, 0x200);
+  net.run_for(5ms);
+  ASSERT_NE(net.find(kA, EventKind::established, *ida), nullptr);
+  const IbCmAgentEvent* old = net.find(kB, EventKind::established);
+  ASSERT_NE(old, nullptr);
+  const IbCmId old_id = old->id;
+  net.events[kA].clear();
+  const int reqs_before = net.sent[w::CmAttribute::req];
+  auto waiting = net.agent(kB).connect(connect_params(kA, 0x201, true), net.now, {}, [](IbCmId) { return true; });
+  ASSERT_TRUE(waiting.has_value());
+  net.run_for(5ms);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], reqs_before);
+  ASSERT_TRUE(net.agent(kB).disconnect(old_id, net.now));
+  net.run_for(5ms);
+  EXPECT_EQ(net.sent[w::CmAttribute::req], reqs_before + 1);
+  // A's side of the old connection ended with B's DREQ, so B's REQ is simply delivered there.
+  accept_requests(kA, 0x101);
+  net.run_for(20ms);
+  EXPECT_NE(net.find(kB, EventKind::established, *waiting), nullptr);
+}
+
 // Rule 6: a REQ of the same incarnation from an attempt no newer than the connection's (a late
 // copy under another comm ID) is rejected as a duplicate — by the CM, never delivered.
 TEST_F(P2p, SameIncarnationLateDuplicateIsRejectedNotDelivered) {
