@@ -3,6 +3,7 @@
 // share a GSO send, and a refused datagram is counted, not silently kept.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <netinet/udp.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "api/roce/udp_sender.hpp"
@@ -143,6 +145,62 @@ TEST(UdpSender, GroSocketReadsACoalescedSendAtOnceUnlessCoalescingIsOff) {
       EXPECT_EQ(reads, std::vector<std::size_t>(6, 1000));
     }
   }
+}
+
+// Datagrams added `alone` never share a GSO send: a GRO socket reads them one by one, and to a
+// closed port each comes back as its own ICMP error (a GSO send bounces once, quoting its first
+// datagram): the CM's MADs rely on that to end each exchange whose MAD bounced.
+TEST(UdpSender, DatagramsAddedAloneTravelAloneAndEachBouncesOnItsOwn) {
+  {
+    UdpSocket from, to;
+    const sockaddr_in address = to.bind_loopback();
+    int on = 1;
+    ASSERT_EQ(::setsockopt(to.fd, SOL_UDP, UDP_GRO, &on, sizeof on), 0);
+    UdpSender sender;
+    for (std::uint8_t i = 0; i < 4; ++i) {
+      const auto bytes = datagram(i, 256);
+      const iovec piece{const_cast<std::uint8_t*>(bytes.data()), bytes.size()};
+      sender.add(from.fd, address, std::span(&piece, 1), /*alone=*/true);
+    }
+    sender.flush();
+    std::vector<std::size_t> reads;
+    for (auto& bytes : to.receive_all()) reads.push_back(bytes.size());
+    EXPECT_EQ(reads, std::vector<std::size_t>(4, 256));
+  }
+  // A closed port: bind a socket for its address, then close it.
+  sockaddr_in closed{};
+  {
+    UdpSocket gone;
+    closed = gone.bind_loopback();
+  }
+  UdpSocket from;
+  int on = 1;
+  ASSERT_EQ(::setsockopt(from.fd, IPPROTO_IP, IP_RECVERR, &on, sizeof on), 0);
+  UdpSender sender;
+  for (std::uint8_t i = 0; i < 3; ++i) {
+    const auto bytes = datagram(static_cast<std::uint8_t>(0x40 + i), 256);
+    const iovec piece{const_cast<std::uint8_t*>(bytes.data()), bytes.size()};
+    sender.add(from.fd, closed, std::span(&piece, 1), /*alone=*/true);
+  }
+  sender.flush();
+  std::vector<std::uint8_t> first_bytes_quoted;
+  for (int spins = 0; spins < 100 && first_bytes_quoted.size() < 3; ++spins) {
+    std::uint8_t quoted[512];
+    alignas(cmsghdr) std::uint8_t control[512];
+    iovec piece{quoted, sizeof quoted};
+    msghdr header{};
+    header.msg_iov = &piece;
+    header.msg_iovlen = 1;
+    header.msg_control = control;
+    header.msg_controllen = sizeof control;
+    if (::recvmsg(from.fd, &header, MSG_ERRQUEUE | MSG_DONTWAIT) <= 0) {
+      ::usleep(1000);
+      continue;
+    }
+    first_bytes_quoted.push_back(quoted[0]);  // the payload of the datagram that bounced
+  }
+  EXPECT_EQ(first_bytes_quoted, (std::vector<std::uint8_t>{0x40, 0x41, 0x42}));
+  EXPECT_EQ(sender.send_failures(), 0u);
 }
 
 TEST(UdpSender, ARefusedDatagramIsCounted) {

@@ -21,8 +21,8 @@ class FaultShim {
   // What passes the faults goes on to `sender`.
   FaultShim(const RoceFaults& faults, UdpSender& sender);
 
-  // One datagram to `to` from socket `fd`.
-  void send(int fd, const sockaddr_in& to, std::span<const iovec> pieces);
+  // One datagram to `to` from socket `fd`; `alone` as UdpSender::add.
+  void send(int fd, const sockaddr_in& to, std::span<const iovec> pieces, bool alone = false);
   // A datagram held back for reordering leaves now if nothing followed it: the end of each
   // round of sending, so a hold never turns into a loss (nor outlives its socket).
   void release_held();
@@ -32,6 +32,7 @@ class FaultShim {
     int fd = -1;
     sockaddr_in to{};
     std::vector<std::uint8_t> bytes;
+    bool alone = false;
   };
 
   bool roll(double probability);

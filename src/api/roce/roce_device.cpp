@@ -595,7 +595,10 @@ bool RoceDevice::drain_agent(RocePort& port) {
     to.sin_port = htons(wire::roce::kRoceUdpPort);
     to.sin_addr.s_addr = htonl(from_bytes(*destination));
     const iovec piece{packet.data(), *size};
-    faults_.send(port.fd, to, std::span(&piece, 1));
+    // Alone: a port unreachable must quote this MAD's own Local Communication ID to end its
+    // exchange at once (docs/reliability.md, "Dead peers"); in a GSO send only the first
+    // MAD's bounce comes back.
+    faults_.send(port.fd, to, std::span(&piece, 1), /*alone=*/true);
   }
   while (auto event = port.agent.poll_event()) {
     any = true;

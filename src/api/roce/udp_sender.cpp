@@ -38,7 +38,7 @@ bool UdpSender::can_join(const Message& last, int fd, const sockaddr_in& to, std
          size <= last.segment && last.count < kMaxSegments && last.bytes + size <= kMaxCoalescedBytes;
 }
 
-void UdpSender::add(int fd, const sockaddr_in& to, std::span<const iovec> pieces) {
+void UdpSender::add(int fd, const sockaddr_in& to, std::span<const iovec> pieces, bool alone) {
   std::size_t size = 0;
   for (const iovec& piece : pieces) size += piece.iov_len;
   if (size > kArenaBytes) {
@@ -51,13 +51,14 @@ void UdpSender::add(int fd, const sockaddr_in& to, std::span<const iovec> pieces
     std::memcpy(out, piece.iov_base, piece.iov_len);
     out += piece.iov_len;
   }
-  if (!messages_.empty() && can_join(messages_.back(), fd, to, size)) {
+  if (!alone && !messages_.empty() && can_join(messages_.back(), fd, to, size)) {
     Message& last = messages_.back();
     last.bytes += size;
     ++last.count;
     last.closed = size < last.segment;  // GSO: only the last segment may be shorter
   } else {
-    messages_.push_back(Message{.fd = fd, .to = to, .offset = used_, .bytes = size, .segment = size, .count = 1});
+    messages_.push_back(
+        Message{.fd = fd, .to = to, .offset = used_, .bytes = size, .segment = size, .count = 1, .closed = alone});
   }
   used_ += size;
   ++datagrams_;

@@ -29,8 +29,10 @@ class UdpSender {
 
   // Copies the datagram (its pieces may point into memory that changes once the QP moves
   // on) and queues it behind the ones queued before; it leaves at the next flush(), or
-  // earlier when the queue is full.
-  void add(int fd, const sockaddr_in& to, std::span<const iovec> pieces);
+  // earlier when the queue is full. `alone`: never in a GSO send with others. A GSO send to a
+  // closed port comes back as one ICMP error quoting its first datagram only, so datagrams
+  // whose bounces must each be seen (CM MADs: each names its own exchange) travel alone.
+  void add(int fd, const sockaddr_in& to, std::span<const iovec> pieces, bool alone = false);
   // Sends everything queued, in order. A datagram the socket refuses (a full send buffer)
   // is lost, as on a congested link: the CM and RC resend.
   void flush();
