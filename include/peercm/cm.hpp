@@ -166,6 +166,9 @@ class CmId {
   Status<std::errc> resolve_addr(const sockaddr_in& destination,
                                  std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
   Status<std::errc> resolve_route(std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
+  // Peer-to-peer (docs/p2p.md R5): EALREADY while the key has an attempt or an undecided
+  // request, EISCONN when it has a connection; over RoCE a connection is checked first (R5b),
+  // and its EISCONN arrives as CONNECT_ERROR with status EISCONN once the peer has answered.
   Status<std::errc> connect(const ConnParam& param);
   Status<std::errc> accept(const ConnParam& param);
   Status<std::errc> reject(std::span<const std::uint8_t> private_data = {});
