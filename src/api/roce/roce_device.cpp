@@ -579,6 +579,49 @@ bool RoceDevice::forward_to(const std::string& name, RocePort& port, std::span<c
   return false;
 }
 
+void RoceDevice::send(int fd, std::uint16_t source_port, Ipv4 source, const sockaddr_in& to,
+                      std::span<const iovec> pieces) {
+  if (slot_ >= 0 && ntohl(to.sin_addr.s_addr) == source && send_to_neighbour(fd, source_port, source, pieces))
+    return;
+  faults_.send(fd, to, pieces);
+}
+
+bool RoceDevice::send_to_neighbour(int fd, std::uint16_t source_port, Ipv4 source,
+                                   std::span<const iovec> pieces) {
+  // The destination is our own address, which other contexts may share. Over UDP the kernel
+  // would hand the datagram to any of them, which would pass it on; and datagrams of one
+  // connection from two sockets (a QP's ACK, then the CM's DREQ) could take two paths and
+  // arrive out of order. Straight to the owner, they take one ordered path, in one hop.
+  RocePort* port = find_port(source);
+  if (!port) return false;
+  neighbour_bytes_.clear();
+  for (const iovec& piece : pieces)
+    neighbour_bytes_.insert(neighbour_bytes_.end(), static_cast<const std::uint8_t*>(piece.iov_base),
+                            static_cast<const std::uint8_t*>(piece.iov_base) + piece.iov_len);
+  const std::span<const std::uint8_t> bytes(neighbour_bytes_);
+  const Route route = route_of(bytes);
+  if (route.kind == Route::Kind::here || (route.kind == Route::Kind::slot && route.slot == slot_)) return false;
+  if (route.kind == Route::Kind::service && find_listener(source, route.service)) return false;
+  if (source_port == 0) {
+    sockaddr_in local{};
+    socklen_t length = sizeof local;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return false;
+    source_port = ntohs(local.sin_port);
+  }
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  from.sin_addr.s_addr = htonl(source);
+  from.sin_port = htons(source_port);
+  if (route.kind == Route::Kind::service) {
+    // Nobody listening: over UDP, whoever gets it rejects it (REJ 8), ourselves included.
+    return forward_to(service_name(source, route.service), *port, bytes, from) ||
+           forward_to(service_name(kAnyAddress, route.service), *port, bytes, from);
+  }
+  // Nobody at the slot: the peer's process is gone; its host would not answer either.
+  if (!forward_to(slot_name(source, route.slot), *port, bytes, from)) ++dropped_no_owner;
+  return true;
+}
+
 bool RoceDevice::forward_elsewhere(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from) {
   const Route route = route_of(bytes);
   switch (route.kind) {
@@ -777,7 +820,7 @@ bool RoceDevice::drain_agent(RocePort& port) {
     to.sin_port = htons(wire::roce::kRoceUdpPort);
     to.sin_addr.s_addr = htonl(from_bytes(*destination));
     const iovec piece{packet.data(), *size};
-    faults_.send(port.fd, to, std::span(&piece, 1));
+    send(port.fd, wire::roce::kRoceUdpPort, port.address, to, std::span(&piece, 1));
   }
   while (auto event = port.agent.poll_event()) {
     any = true;
@@ -795,7 +838,7 @@ bool RoceDevice::drain_ud_qp(RoceUdQp& qp) {
     to.sin_port = htons(wire::roce::kRoceUdpPort);
     to.sin_addr.s_addr = htonl(from_bytes(datagram->remote_ip));
     const iovec piece{datagram->bytes.data(), datagram->bytes.size()};
-    faults_.send(qp.send_fd, to, std::span(&piece, 1));
+    send(qp.send_fd, 0, qp.local_address, to, std::span(&piece, 1));
   }
   return any;
 }
@@ -815,7 +858,7 @@ bool RoceDevice::drain_uc_qp(RoceUcQp& qp) {
     pieces_.push_back(iovec{datagram_.header.data(), datagram_.header_size});
     pieces_.insert(pieces_.end(), datagram_.payload.begin(), datagram_.payload.end());
     if (datagram_.trailer_size > 0) pieces_.push_back(iovec{datagram_.trailer.data(), datagram_.trailer_size});
-    faults_.send(qp.send_fd, to, pieces_);
+    send(qp.send_fd, 0, qp.local_address, to, pieces_);
   }
   return any;
 }
@@ -835,7 +878,7 @@ bool RoceDevice::drain_qp(QueuePairImpl& qp) {
     pieces_.push_back(iovec{datagram_.header.data(), datagram_.header_size});
     pieces_.insert(pieces_.end(), datagram_.payload.begin(), datagram_.payload.end());
     if (datagram_.trailer_size > 0) pieces_.push_back(iovec{datagram_.trailer.data(), datagram_.trailer_size});
-    faults_.send(roce.send_fd, to, pieces_);
+    send(roce.send_fd, roce.source_port, roce.local_address, to, pieces_);
   }
   while (auto event = roce.rc.poll_event()) {
     any = true;

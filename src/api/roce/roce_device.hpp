@@ -164,6 +164,12 @@ class RoceDevice {
   bool forward_elsewhere(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from);
   bool forward_to(const std::string& name, RocePort& port, std::span<const std::uint8_t> bytes,
                   const sockaddr_in& from);
+  // Every datagram leaves here: through the fault hook to UDP, or, to another context on a
+  // shared address of ours, straight to it (send_to_neighbour). `source_port` is the one the
+  // ICRC covers; 0: read from `fd` when needed.
+  void send(int fd, std::uint16_t source_port, Ipv4 source, const sockaddr_in& to, std::span<const iovec> pieces);
+  // True when the datagram went (or was dropped) that way; false: it is for UDP.
+  bool send_to_neighbour(int fd, std::uint16_t source_port, Ipv4 source, std::span<const iovec> pieces);
   // A unix listener (the slot's or a service's name): takes connections of the same user.
   void on_forward_listener(int fd);
   // A connection from another context: its datagrams, handled as if from the network.
@@ -183,6 +189,7 @@ class RoceDevice {
   RoceOptions options_;
   int slot_ = -1;
   Forwarder forwarder_;
+  std::vector<std::uint8_t> neighbour_bytes_;  // a datagram sent to a neighbour, gathered
   std::map<std::pair<Ipv4, std::uint16_t>, int> service_names_;  // listeners' unix names
   std::set<int> forward_connections_;                           // accepted, registered
   UdpSender sender_;
