@@ -103,7 +103,7 @@ def main():
     print(text.strip())
     seen = re.findall(rf"server: {re.escape(host)}:\d+ op (\w+) size 65539 count 100: 0 errors", text)
     if seen != ops:
-        fail(f"server seen {seen}, expected {ops} from clients at {host}")
+        fail(f"server reported {seen}, expected {ops} from clients at {host}")
     if "error:" in text:
         fail("the server reported an error")
     print("PASS")
