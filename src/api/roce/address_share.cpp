@@ -47,7 +47,7 @@ std::string service_name(std::uint32_t address, std::uint16_t service) {
   return fmt::format("peercm-roce/{}/{}/port/{}", ::getuid(), address_text(address), service);
 }
 
-int listen_on_name(const std::string& name, std::errc& error) {
+int listen_on_name(const std::string& name, std::errc& error, bool listening) {
   const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     error = static_cast<std::errc>(errno);
@@ -55,7 +55,8 @@ int listen_on_name(const std::string& name, std::errc& error) {
   }
   sockaddr_un address;
   const socklen_t length = abstract_address(name, address);
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 || ::listen(fd, SOMAXCONN) != 0) {
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), length) != 0 ||
+      (listening && ::listen(fd, SOMAXCONN) != 0)) {
     error = static_cast<std::errc>(errno);
     ::close(fd);
     return -1;

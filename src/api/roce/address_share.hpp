@@ -47,7 +47,8 @@ std::string slot_name(int slot);
 std::string slot_name(std::uint32_t address, int slot);
 std::string service_name(std::uint32_t address, std::uint16_t service);
 // A listening unix SOCK_SEQPACKET socket on `name`; EADDRINUSE when another context holds it.
-int listen_on_name(const std::string& name, std::errc& error);
+// With `listening` false the name is only held: connections to it are refused.
+int listen_on_name(const std::string& name, std::errc& error, bool listening = true);
 
 // Where a datagram received on a shared 4791 socket belongs, read from its headers alone
 // (unverified: the owner verifies its ICRC as usual).

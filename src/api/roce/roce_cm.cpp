@@ -178,7 +178,7 @@ Status<std::errc> listen(CmIdImpl& id, int backlog) {
   std::uint16_t service = ntohs(bound.sin_port);
   if (st(id).reserved_service != 0) {
     // The port its bind reserved becomes the listener's.
-    device.release_service(st(id).reserved_address, std::exchange(st(id).reserved_service, 0));
+    device.release_service(st(id).reserved_address, std::exchange(st(id).reserved_service, 0), true);
   }
   const bool ephemeral = service == 0;
   for (int attempt = 0;; ++attempt) {
@@ -622,7 +622,7 @@ Status<std::errc> RoceCm::reserve_port(CmIdImpl& id, sockaddr_in& address) {
   if (host != RoceDevice::kAnyAddress) {
     if (auto opened = device.port(host); !opened) return fail(opened.error());
   }
-  auto service = device.reserve_service(host, ntohs(address.sin_port));
+  auto service = device.reserve_service(host, ntohs(address.sin_port), true);
   if (!service) return fail(service.error());
   address.sin_port = htons(*service);
   st(id).reserved_address = host;

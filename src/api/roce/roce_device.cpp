@@ -107,7 +107,7 @@ RoceDevice::RoceDevice(ContextImpl& context, const RoceOptions& options)
 RoceDevice::~RoceDevice() {
   if (timer_) ctx.reactor.cancel_timer(*timer_);
   for (const auto& [key, fd] : service_names_) {
-    ctx.reactor.remove(fd);
+    if (listening_names_.contains(key)) ctx.reactor.remove(fd);
     ::close(fd);
   }
   for (const int fd : forward_connections_) {
@@ -320,28 +320,40 @@ std::shared_ptr<CmIdImpl> RoceDevice::find_id(Ipv4 address, core::ibcm::IbCmId i
 
 Status<std::errc> RoceDevice::track_listener(Ipv4 address, std::uint16_t service,
                                              const std::shared_ptr<CmIdImpl>& listener) {
-  if (slot_ >= 0 && !service_names_.contains({address, service})) {
+  if (slot_ >= 0 && !listening_names_.contains({address, service})) {
     // The name routes REQs for the service to this context from the others on the address.
-    std::errc error{};
-    const int fd = listen_on_name(service_name(address, service), error);
-    if (fd < 0) return fail(error);
+    int fd = -1;
+    if (auto held = service_names_.find({address, service}); held != service_names_.end()) {
+      // Held since the id's bind: it listens now.
+      if (::listen(held->second, SOMAXCONN) != 0) return fail(static_cast<std::errc>(errno));
+      fd = held->second;
+    } else {
+      std::errc error{};
+      fd = listen_on_name(service_name(address, service), error);
+      if (fd < 0) return fail(error);
+      service_names_.emplace(std::pair{address, service}, fd);
+    }
     if (auto added = ctx.reactor.add(fd, EPOLLIN, [this, fd](std::uint32_t) { on_forward_listener(fd); }); !added) {
-      ::close(fd);
+      drop_service_name(address, service);
       return fail(added.error());
     }
-    service_names_.emplace(std::pair{address, service}, fd);
+    listening_names_.emplace(address, service);
   }
   listeners_[{address, service}] = listener;
   return {};
 }
 
+void RoceDevice::drop_service_name(Ipv4 address, std::uint16_t service) {
+  auto named = service_names_.find({address, service});
+  if (named == service_names_.end()) return;
+  if (listening_names_.erase({address, service}) > 0) ctx.reactor.remove(named->second);
+  ::close(named->second);
+  service_names_.erase(named);
+}
+
 void RoceDevice::forget_listener(Ipv4 address, std::uint16_t service) {
   listeners_.erase({address, service});
-  if (auto named = service_names_.find({address, service}); named != service_names_.end()) {
-    ctx.reactor.remove(named->second);
-    ::close(named->second);
-    service_names_.erase(named);
-  }
+  drop_service_name(address, service);
 }
 
 std::shared_ptr<CmIdImpl> RoceDevice::find_listener(Ipv4 address, std::uint16_t service) {
@@ -373,14 +385,30 @@ bool RoceDevice::service_taken(Ipv4 address, std::uint16_t service) {
   return false;
 }
 
-Result<std::uint16_t, std::errc> RoceDevice::reserve_service(Ipv4 address, std::uint16_t service) {
-  if (service == 0) service = ephemeral_service_port(address);
-  if (service == 0 || service_taken(address, service)) return fail(std::errc::address_in_use);
+Result<std::uint16_t, std::errc> RoceDevice::reserve_service(Ipv4 address, std::uint16_t service,
+                                                             bool across_contexts) {
+  const bool ephemeral = service == 0;
+  for (int attempt = 0;; ++attempt) {
+    if (ephemeral) service = ephemeral_service_port(address);
+    if (service == 0 || service_taken(address, service)) return fail(std::errc::address_in_use);
+    if (!across_contexts || slot_ < 0 || service_names_.contains({address, service})) break;
+    std::errc error{};
+    const int fd = listen_on_name(service_name(address, service), error, false);
+    if (fd >= 0) {
+      service_names_.emplace(std::pair{address, service}, fd);
+      break;
+    }
+    // Another process on the address holds it: a free port is looked for further on.
+    if (!ephemeral || error != std::errc::address_in_use || attempt >= 256) return fail(error);
+  }
   reserved_services_.emplace(address, service);
   return service;
 }
 
-void RoceDevice::release_service(Ipv4 address, std::uint16_t service) { reserved_services_.erase({address, service}); }
+void RoceDevice::release_service(Ipv4 address, std::uint16_t service, bool for_listener) {
+  reserved_services_.erase({address, service});
+  if (!for_listener) drop_service_name(address, service);
+}
 
 void RoceDevice::add_stats(CmStats& stats) const {
   for (const auto& [address, port] : ports_) {

@@ -115,8 +115,12 @@ class RoceDevice {
   bool service_taken(Ipv4 address, std::uint16_t service);
   // rdma_bind_addr: the service port is the id's from now on, as the kernel's rdma_cm takes a
   // port at bind. 0 picks a free one. EADDRINUSE when taken.
-  Result<std::uint16_t, std::errc> reserve_service(Ipv4 address, std::uint16_t service);
-  void release_service(Ipv4 address, std::uint16_t service);
+  // `across_contexts` (an explicit bind): with a slot, the (address, service) name is held as
+  // well, so that the port is taken against other processes on the address too, as the
+  // kernel's rdma_cm takes it at bind; a later listen() on it keeps the name.
+  Result<std::uint16_t, std::errc> reserve_service(Ipv4 address, std::uint16_t service, bool across_contexts = false);
+  // `for_listener`: the reservation becomes the listener's (listen() follows): its name stays.
+  void release_service(Ipv4 address, std::uint16_t service, bool for_listener = false);
   std::vector<RocePort*> all_ports();
 
   // Sends everything queued, delivers events, re-arms the timer: after every input.
@@ -190,7 +194,11 @@ class RoceDevice {
   int slot_ = -1;
   Forwarder forwarder_;
   std::vector<std::uint8_t> neighbour_bytes_;  // a datagram sent to a neighbour, gathered
-  std::map<std::pair<Ipv4, std::uint16_t>, int> service_names_;  // listeners' unix names
+  // Unix names of listeners (listening, watched) and of bound ids (held only: a REQ passed on
+  // there is refused, and rejected where it arrived); listening_names_ are the watched ones.
+  std::map<std::pair<Ipv4, std::uint16_t>, int> service_names_;
+  std::set<std::pair<Ipv4, std::uint16_t>> listening_names_;
+  void drop_service_name(Ipv4 address, std::uint16_t service);
   std::set<int> forward_connections_;                           // accepted, registered
   UdpSender sender_;
   FaultShim faults_;
