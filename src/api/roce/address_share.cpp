@@ -113,13 +113,13 @@ Route route_of(std::span<const std::uint8_t> datagram) {
 }
 
 Forwarder::~Forwarder() {
-  for (const auto& [name, fd] : connections_) ::close(fd);
+  for (const auto& [name, connection] : connections_) ::close(connection.fd);
 }
 
 int Forwarder::connect_to(const std::string& name) {
   const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  // A window of full-PMTU datagrams may follow one another; the plain option is capped by
+  // A window of full-PMTU datagrams may be queued at once; the plain option is capped by
   // net.core.wmem_max.
   int buffer = 4 << 20;
   if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &buffer, sizeof buffer) != 0)
@@ -133,28 +133,73 @@ int Forwarder::connect_to(const std::string& name) {
   return fd;
 }
 
-Forwarder::Sent Forwarder::send(const std::string& name, const ForwardHeader& header,
-                                std::span<const std::uint8_t> bytes) {
-  // A cached connection whose owner went away fails with EPIPE/ECONNRESET: one new attempt,
-  // which finds a process that took the name since, or nobody.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    auto found = connections_.find(name);
-    if (found == connections_.end()) {
-      const int fd = connect_to(name);
-      if (fd < 0) return Sent::no_owner;
-      found = connections_.emplace(name, fd).first;
-    }
-    iovec pieces[2] = {{const_cast<ForwardHeader*>(&header), sizeof header},
-                       {const_cast<std::uint8_t*>(bytes.data()), bytes.size()}};
-    msghdr message{};
-    message.msg_iov = pieces;
-    message.msg_iovlen = 2;
-    if (::sendmsg(found->second, &message, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return Sent::sent;
-    if (errno == EAGAIN || errno == ENOBUFS) return Sent::full;
-    ::close(found->second);
-    connections_.erase(found);
+bool Forwarder::queue(const std::string& name, const ForwardHeader& header, std::span<const std::uint8_t> bytes) {
+  auto found = connections_.find(name);
+  if (found == connections_.end()) {
+    const int fd = connect_to(name);
+    if (fd < 0) return false;
+    found = connections_.emplace(name, Connection{.fd = fd}).first;
   }
-  return Sent::no_owner;
+  Connection& connection = found->second;
+  ForwardHeader framed = header;
+  framed.length = static_cast<std::uint32_t>(bytes.size());
+  const std::size_t record = sizeof framed + bytes.size();
+  const std::size_t offset = connection.arena.size();
+  const auto* head = reinterpret_cast<const std::uint8_t*>(&framed);
+  connection.arena.insert(connection.arena.end(), head, head + sizeof framed);
+  connection.arena.insert(connection.arena.end(), bytes.begin(), bytes.end());
+  // Appended to the last message while it has room: the records are contiguous in the arena.
+  if (!connection.messages.empty() && connection.messages.back().second + record <= kMaxForwardMessage) {
+    connection.messages.back().second += record;
+  } else {
+    connection.messages.emplace_back(offset, record);
+  }
+  return true;
+}
+
+void Forwarder::flush(std::uint64_t& dropped_full, std::uint64_t& dropped_no_owner) {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    Connection& connection = it->second;
+    std::size_t next = 0;
+    bool reconnected = false;
+    while (next < connection.messages.size()) {
+      const std::size_t count = connection.messages.size() - next;
+      headers_.assign(count, mmsghdr{});
+      pieces_.resize(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        const auto [offset, size] = connection.messages[next + i];
+        pieces_[i] = iovec{connection.arena.data() + offset, size};
+        headers_[i].msg_hdr.msg_iov = &pieces_[i];
+        headers_[i].msg_hdr.msg_iovlen = 1;
+      }
+      const int sent = ::sendmmsg(connection.fd, headers_.data(), static_cast<unsigned>(count),
+                                  MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (sent > 0) {
+        next += static_cast<std::size_t>(sent);
+        continue;
+      }
+      if (sent < 0 && errno == EINTR) continue;
+      if (sent < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
+        dropped_full += connection.messages.size() - next;  // messages, each of one or more datagrams
+        break;
+      }
+      // The owner went away; a process that took its name since gets the rest.
+      ::close(connection.fd);
+      connection.fd = reconnected ? -1 : connect_to(it->first);
+      reconnected = true;
+      if (connection.fd < 0) {
+        dropped_no_owner += connection.messages.size() - next;
+        break;
+      }
+    }
+    connection.arena.clear();
+    connection.messages.clear();
+    if (connection.fd < 0) {
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace peercm::detail::roce

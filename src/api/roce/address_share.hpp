@@ -14,6 +14,10 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <sys/socket.h>
 #include <system_error>
 
 namespace peercm::detail::roce {
@@ -63,31 +67,45 @@ struct Route {
 Route route_of(std::span<const std::uint8_t> datagram);
 
 // The header a forwarded datagram carries in front of its bytes (host order: same host).
+// One message on the connection holds one or more of them, back to back, up to
+// kMaxForwardMessage bytes: a window of packets costs a few messages, not one each.
 struct ForwardHeader {
   std::uint32_t magic = kMagic;
   std::uint32_t source = 0;       // IPv4 source of the datagram
   std::uint32_t destination = 0;  // the shared local address it arrived at
   std::uint16_t source_port = 0;
   std::uint16_t reserved = 0;
+  std::uint32_t length = 0;       // of the datagram that follows
   static constexpr std::uint32_t kMagic = 0x50434657;  // "PCFW"
 };
+inline constexpr std::size_t kMaxForwardMessage = 65536;
 
-// The sending side: one connection per destination name, made on first use.
+// The sending side: one connection per destination name, made on first use. Datagrams are
+// queued and leave together at flush() (the end of the device's pump), one sendmmsg per
+// connection, so that a window of packets costs the receiver one wake-up, not one each.
 class Forwarder {
  public:
   Forwarder() = default;
   ~Forwarder();
   Forwarder(const Forwarder&) = delete;
   Forwarder& operator=(const Forwarder&) = delete;
-  enum class Sent { sent, no_owner, full };
-  // `no_owner`: nobody holds `name` (a slot whose process is gone, a port nobody listens on).
-  // `full`: the owner's connection is out of buffer space; the datagram is lost, as on a
-  // congested link (RC and the CM resend).
-  Sent send(const std::string& name, const ForwardHeader& header, std::span<const std::uint8_t> bytes);
+  // false: nobody holds `name` (a slot whose process is gone, a port nobody listens on).
+  bool queue(const std::string& name, const ForwardHeader& header, std::span<const std::uint8_t> bytes);
+  // Sends what is queued. A connection out of buffer space loses the rest of its queue, as a
+  // congested link would (RC and the CM resend): counted in `dropped_full`; a connection
+  // whose owner went away is made again once, else its queue counts in `dropped_no_owner`.
+  void flush(std::uint64_t& dropped_full, std::uint64_t& dropped_no_owner);
 
  private:
-  int connect_to(const std::string& name);
-  std::map<std::string, int> connections_;
+  struct Connection {
+    int fd = -1;
+    std::vector<std::uint8_t> arena;
+    std::vector<std::pair<std::size_t, std::size_t>> messages;  // (offset, size) in arena
+  };
+  static int connect_to(const std::string& name);
+  std::map<std::string, Connection> connections_;
+  std::vector<mmsghdr> headers_;
+  std::vector<iovec> pieces_;
 };
 
 }  // namespace peercm::detail::roce

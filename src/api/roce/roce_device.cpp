@@ -599,12 +599,9 @@ bool RoceDevice::forward_to(const std::string& name, RocePort& port, std::span<c
   const ForwardHeader header{.source = ntohl(from.sin_addr.s_addr),
                              .destination = port.address,
                              .source_port = ntohs(from.sin_port)};
-  switch (forwarder_.send(name, header, bytes)) {
-    case Forwarder::Sent::sent: ++forwarded_out; return true;
-    case Forwarder::Sent::full: ++dropped_forward_full; return true;
-    case Forwarder::Sent::no_owner: return false;
-  }
-  return false;
+  if (!forwarder_.queue(name, header, bytes)) return false;
+  ++forwarded_out;
+  return true;
 }
 
 void RoceDevice::send(int fd, std::uint16_t source_port, Ipv4 source, const sockaddr_in& to,
@@ -728,26 +725,32 @@ void RoceDevice::on_forwarded(int fd, std::uint32_t events) {
         closed = true;
         break;
       }
-      if (size < sizeof(ForwardHeader) || (messages_[i].msg_hdr.msg_flags & MSG_TRUNC)) continue;
-      ForwardHeader header;
-      std::memcpy(&header, buffers_.get() + i * kBufferSize, sizeof header);
-      if (header.magic != ForwardHeader::kMagic) continue;
-      // A REQ for a listener on every address may come for an address we have no socket on
-      // yet (the listener takes every address the context opens); anything else names ours.
-      RocePort* port = find_port(header.destination);
-      if (!port && route_of(std::span(buffers_.get() + i * kBufferSize + sizeof header, size - sizeof header)).kind ==
-                       Route::Kind::service) {
-        if (auto opened = this->port(header.destination)) port = *opened;
+      if (messages_[i].msg_hdr.msg_flags & MSG_TRUNC) continue;
+      // One or more records: a header and its datagram.
+      const std::uint8_t* message = buffers_.get() + i * kBufferSize;
+      for (std::size_t offset = 0; offset + sizeof(ForwardHeader) <= size;) {
+        ForwardHeader header;
+        std::memcpy(&header, message + offset, sizeof header);
+        offset += sizeof header;
+        if (header.magic != ForwardHeader::kMagic || header.length > size - offset) break;
+        const std::span<const std::uint8_t> datagram(message + offset, header.length);
+        offset += header.length;
+        // A REQ for a listener on every address may come for an address we have no socket
+        // on yet (the listener takes every address the context opens); anything else names
+        // one of ours.
+        RocePort* port = find_port(header.destination);
+        if (!port && route_of(datagram).kind == Route::Kind::service) {
+          if (auto opened = this->port(header.destination)) port = *opened;
+        }
+        if (!port) continue;
+        sockaddr_in from{};
+        from.sin_family = AF_INET;
+        from.sin_addr.s_addr = htonl(header.source);
+        from.sin_port = htons(header.source_port);
+        ++forwarded_in;
+        any = true;
+        on_datagram(*port, datagram, from, at, true);
       }
-      if (!port) continue;
-      sockaddr_in from{};
-      from.sin_family = AF_INET;
-      from.sin_addr.s_addr = htonl(header.source);
-      from.sin_port = htons(header.source_port);
-      ++forwarded_in;
-      any = true;
-      on_datagram(*port, std::span(buffers_.get() + i * kBufferSize + sizeof header, size - sizeof header), from,
-                  at, true);
     }
     if (static_cast<std::size_t>(received) < kBatch) break;
   }
@@ -961,6 +964,7 @@ void RoceDevice::pump() {
   }
   faults_.release_held();
   sender_.flush();
+  forwarder_.flush(dropped_forward_full, dropped_no_owner);
   pumping_ = false;
   rearm();
 }
