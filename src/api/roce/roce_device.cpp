@@ -46,9 +46,9 @@ int open_socket(Ipv4 address, bool shared, std::errc& error) {
   // ICMP errors for what we sent come to the error queue (on_error_queue): a port
   // unreachable from a peer's host says its node is gone (docs/reliability.md, "Dead peers").
   ::setsockopt(fd, IPPROTO_IP, IP_RECVERR, &on, sizeof on);
+  if (shared) ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
   // A window of full-PMTU packets arrives at once; without room the kernel drops them and
   // RC waits out its ACK timer. FORCE needs CAP_NET_ADMIN; the plain option is capped.
-  if (shared) ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
   int buffer = 8 << 20;
   if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) != 0)
     ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
@@ -142,8 +142,10 @@ Result<RocePort*, std::errc> RoceDevice::port(Ipv4 address) {
   config.timing.max_cm_retries = options_.cm_max_retries;
   config.timing.timewait = timewait_exponent(ctx.timewait);
   config.connect_timeout = std::chrono::seconds(10);
-  // Comm IDs of one context never repeat across its addresses: the stale-REQ memory of a
-  // peer is keyed by (CA GUID, comm ID), and all our agents share the GUID.
+  // Comm IDs of one context do not repeat across its addresses: the stale-REQ memory of a
+  // peer is keyed by (CA GUID, comm ID), and all our agents share the GUID. Without a slot the
+  // agents' ranges are 2^24 apart; with one, 2^21 apart within the slot's 2^25 (an agent
+  // reaches the next one's start after 2^21 connections).
   config.first_comm_id = next_comm_id_;
   if (slot_ >= 0) {
     // The slot stays in the top bits; each address's agent starts 2^21 further on.
@@ -702,6 +704,7 @@ void RoceDevice::on_forward_listener(int listen_fd) {
 }
 
 void RoceDevice::on_forwarded(int fd, std::uint32_t events) {
+  static_assert(kMaxForwardMessage <= kBufferSize, "a passed-on message fits a receive buffer");
   bool any = false;
   // What the other context sent before it hung up is read first.
   bool closed = false;
