@@ -1,10 +1,13 @@
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <random>
+#include <utility>
 
 #include "api/context_impl.hpp"
+#include "api/roce/address_share.hpp"
 #include "api/roce/roce_device.hpp"
 #include "engine/descriptor_table.hpp"
 
@@ -25,6 +28,7 @@ ContextImpl::ContextImpl(const ContextOptions& options)
       mode(options.progress),
       timewait(options.timewait),
       qp_numbers(random_u64()),
+      slot_qp_numbers(random_u64()),
       roce_options(options.roce) {
   // Before the progress thread starts: a process still single-threaded grows it for free.
   engine::reserve_descriptor_table(options.reserved_descriptors);
@@ -36,9 +40,28 @@ ContextImpl::~ContextImpl() {
   std::lock_guard lock(mutex);  // the reactor's rule for remove() and cancel_timer()
   for (auto& cm : cms) cm.reset();
   roce.reset();
+  if (roce_slot_fd_ >= 0) ::close(roce_slot_fd_);  // frees the slot's name
+}
+
+void ContextImpl::want_roce_slot() {
+  if (std::exchange(roce_slot_tried_, true)) return;
+  if (auto claim = roce::claim_slot()) {
+    roce_slot_fd_ = claim->listen_fd;
+    roce_slot_.store(claim->slot, std::memory_order_release);
+  }
 }
 
 std::uint32_t ContextImpl::next_qp_num() {
+  if (const int slot = roce_slot(); slot >= 0) {
+    for (;;) {
+      // Cycle walking: the permutation of 2^18 values, applied again until the value is below
+      // 2^17, is a permutation of 2^17 values (about two steps on average).
+      std::uint32_t low = slot_qp_numbers.forward(qp_counter++ & roce::kQpnLowMask);
+      while (low > roce::kQpnLowMask) low = slot_qp_numbers.forward(low);
+      const std::uint32_t qpn = static_cast<std::uint32_t>(slot) << roce::kQpnSlotShift | low;
+      if (qpn > 1 && qpn != core::Permutation24::kMask) return qpn;
+    }
+  }
   for (;;) {
     const std::uint32_t qpn = qp_numbers.forward(qp_counter++ & core::Permutation24::kMask);
     if (qpn > 1 && qpn != core::Permutation24::kMask) return qpn;

@@ -36,7 +36,17 @@ struct ContextImpl {
   // order a peer could extrapolate from the ones it saw (docs/reliability.md, "Numbers a
   // peer can see"). A RoCE QP's number is its wire QPN, as with any RoCE device, so
   // qp_num(), work completions and the peer's ConnParam::qp_num all agree.
+  // A context that owns a RoCE slot (api/roce/address_share.hpp) numbers its QPs within the
+  // slot: the slot in the top 7 bits, a counter through a keyed permutation of the other 17
+  // below (the same rule, 2^17 numbers per context), so that a datagram reaching another
+  // process on a shared address finds its way here.
   std::uint32_t next_qp_num();
+  // Claims a RoCE slot once, the first time RoCE is used (a RoCE CmId, a RoCE device of the C
+  // API). QPs numbered before have no slot in their number. Called under the lock or before
+  // the context is shared.
+  void want_roce_slot();
+  int roce_slot() const { return roce_slot_.load(std::memory_order_acquire); }
+  int roce_slot_fd() const { return roce_slot_fd_; }
   std::uint32_t next_cmid() { return ++cmid_counter; }
   // Inline mode: run the reactor once on the caller's thread.
   void progress(std::chrono::milliseconds max_wait);
@@ -85,9 +95,15 @@ struct ContextImpl {
   std::atomic<std::uint32_t> qp_counter = 0;
   std::atomic<std::uint32_t> cmid_counter = 0;
   core::Permutation24 qp_numbers;
+  core::KeyedPermutation<9> slot_qp_numbers;  // 18 bits, cycle-walked down to 17
   RoceOptions roce_options;
   // The RoCE transport's sockets, agents and QP table, made by the first RoCE CmId.
   std::unique_ptr<roce::RoceDevice> roce;
+
+ private:
+  std::atomic<int> roce_slot_ = -1;
+  int roce_slot_fd_ = -1;
+  bool roce_slot_tried_ = false;
 };
 
 }  // namespace peercm::detail

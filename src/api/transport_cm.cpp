@@ -22,6 +22,7 @@ TransportCm* transport_cm(ContextImpl& ctx, Transport transport) {
       if (!ctx.cms[0]) ctx.cms[0] = std::make_unique<IwarpCm>(ctx);
       return ctx.cms[0].get();
     case Transport::roce:
+      ctx.want_roce_slot();  // before the ids' QPs are numbered
       if (!ctx.cms[1]) ctx.cms[1] = std::make_unique<roce::RoceCm>(ctx);
       return ctx.cms[1].get();
   }

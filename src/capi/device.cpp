@@ -154,6 +154,12 @@ ibv_context* open_context(Transport transport) {
   shell->state = new ContextState{};
   shell->state->cpp = std::move(*cpp);
   shell->state->transport = transport;
+  // A RoCE device numbers its QPs within the context's slot from the first one on, so that
+  // they work on an address other processes share (docs/roce-transport.md).
+  if (transport == Transport::roce) {
+    std::lock_guard lock(shell->state->cpp->impl().mutex);
+    shell->state->cpp->impl().want_roce_slot();
+  }
   ibv_context& pub = shell->ext.context;
   fill_extended_ops(shell->ext);
   pub.device = &g_devices[index_of(transport)];

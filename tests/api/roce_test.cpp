@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <barrier>
@@ -12,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "api/roce/address_share.hpp"
 #include "api/roce/roce_verbs.hpp"
 #include "loopback_pair.hpp"
 
@@ -895,6 +897,169 @@ TEST(Roce, LossyWireDeliversEveryByteOnceInOrder) {
   EXPECT_EQ(pair.server.cq->poll(extra), 0u);
   EXPECT_EQ(inbox, source);
   EXPECT_EQ(target, source);
+}
+
+// Whether a context holds the abstract unix name `name` (address_share.hpp).
+bool name_held(const std::string& name) {
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  const bool held = ::connect(fd, reinterpret_cast<const sockaddr*>(&address),
+                              static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())) == 0;
+  ::close(fd);
+  return held;
+}
+
+// Several contexts on one address (docs/roce-transport.md, "Several processes on one
+// address"): a context is there what a process is, with a slot of its own. A client bound to
+// the server's address connects to it client/server, moves a Send and a Write, disconnects
+// and goes; its slot's name goes with it, and a new context on the address connects again.
+TEST(RoceSharedAddress, ContextsOnOneAddressConnectAndOneThatLeavesFreesItsSlot) {
+  namespace share = detail::roce;
+  Side server;
+  auto listener = roce_id(server);
+  const sockaddr_in address = random_loopback(7471);
+  ASSERT_TRUE(listener->bind(address));
+  ASSERT_TRUE(listener->listen(16));
+  const int server_slot = share::share_counts(*server.context).slot;
+  ASSERT_GE(server_slot, 0);
+  const std::uint32_t host = ntohl(address.sin_addr.s_addr);
+  EXPECT_TRUE(name_held(share::slot_name(host, server_slot)));
+  EXPECT_TRUE(name_held(share::service_name(host, 7471)));
+  for (int round = 0; round < 2; ++round) {
+    int client_slot = -1;
+    {
+      Side client;
+      client.id = roce_id(client);
+      ASSERT_TRUE(client.id->set_option(CmOption::peer_to_peer, 0));
+      sockaddr_in source = address;
+      source.sin_port = 0;
+      ASSERT_TRUE(client.id->bind(source));
+      ASSERT_TRUE(client.id->resolve_addr(address));
+      expect_event(*client.channel, CmEventType::addr_resolved);
+      ASSERT_TRUE(client.id->resolve_route());
+      expect_event(*client.channel, CmEventType::route_resolved);
+      client.qp = client.id->create_qp(*client.pd, client.qp_attr()).value();
+      ASSERT_TRUE(client.id->connect({}));
+      auto request = expect_event(*server.channel, CmEventType::connect_request);
+      ASSERT_TRUE(request.new_id);
+      server.id = std::move(request.new_id);
+      server.qp = server.id->create_qp(*server.pd, server.qp_attr()).value();
+      ASSERT_TRUE(server.id->accept({}));
+      expect_event(*client.channel, CmEventType::established);
+      expect_event(*server.channel, CmEventType::established);
+      EXPECT_EQ(client.id->local_address().sin_addr.s_addr, address.sin_addr.s_addr);
+      client_slot = share::share_counts(*client.context).slot;
+      ASSERT_GE(client_slot, 0);
+      EXPECT_NE(client_slot, server_slot);
+      // Each QPN carries its context's slot: that is how a datagram finds its owner.
+      EXPECT_EQ(static_cast<int>(client.qp->qp_num() >> share::kQpnSlotShift), client_slot);
+      EXPECT_EQ(static_cast<int>(server.qp->qp_num() >> share::kQpnSlotShift), server_slot);
+
+      const std::size_t size = 3 * 4096 + 17;
+      std::vector<std::uint8_t> data(size), inbox(size, 0), target(size, 0);
+      std::iota(data.begin(), data.end(), static_cast<std::uint8_t>(round + 1));
+      auto data_mr = client.region(data);
+      auto inbox_mr = server.region(inbox);
+      auto target_mr = server.region(target);
+      ASSERT_TRUE(server.qp->post_recv(RecvWr{.wr_id = 10, .sg_list = {inbox_mr->sge()}}));
+      ASSERT_TRUE(client.qp->post_send(SendWr{.wr_id = 1, .opcode = WrOpcode::send, .sg_list = {data_mr->sge()}}));
+      ASSERT_TRUE(client.qp->post_send(SendWr{.wr_id = 2,
+                                              .opcode = WrOpcode::rdma_write,
+                                              .sg_list = {data_mr->sge()},
+                                              .remote_addr = reinterpret_cast<std::uintptr_t>(target.data()),
+                                              .rkey = target_mr->rkey()}));
+      auto client_wcs = poll_n(*client.cq, 2);
+      ASSERT_EQ(client_wcs.size(), 2u);
+      for (const auto& wc : client_wcs) EXPECT_EQ(wc.status, WcStatus::success) << wc.wr_id;
+      auto server_wcs = poll_n(*server.cq, 1);
+      ASSERT_EQ(server_wcs.size(), 1u);
+      EXPECT_EQ(server_wcs[0].status, WcStatus::success);
+      EXPECT_EQ(server_wcs[0].byte_len, size);
+      EXPECT_EQ(inbox, data);
+      EXPECT_EQ(target, data);
+      // The two went to each other over their unix names, never through a foreign socket.
+      EXPECT_GT(share::share_counts(*client.context).forwarded_out, 0u);
+      EXPECT_GT(share::share_counts(*server.context).forwarded_in, 0u);
+      EXPECT_EQ(share::share_counts(*server.context).dropped_no_owner, 0u);
+
+      ASSERT_TRUE(client.id->disconnect());
+      expect_event(*client.channel, CmEventType::disconnected);
+      expect_event(*server.channel, CmEventType::disconnected);
+      EXPECT_TRUE(name_held(share::slot_name(host, client_slot)));
+      server.id.reset();
+      server.qp = nullptr;
+    }
+    // The context is gone, and its slot's name with it: the kernel frees an abstract name
+    // with its socket, so a process that dies leaves nothing behind either.
+    EXPECT_FALSE(name_held(share::slot_name(host, client_slot)));
+    EXPECT_FALSE(name_held(share::slot_name(client_slot)));
+  }
+}
+
+// A node elsewhere connecting to one of several contexts on an address: the kernel hands
+// each flow (a QP's source port, the CM's) to any context there, and a bystander passes what
+// is not its own to the owner, REQs by their service port. 16 connections with a Send each:
+// every one arrives; the bystander passed datagrams on (that no flow of 17 reached it is a
+// chance of 2^-17) and dropped none.
+TEST(RoceSharedAddress, DatagramsReachingAnotherContextOnTheAddressArePassedOn) {
+  namespace share = detail::roce;
+  Side server;
+  Side bystander;
+  const sockaddr_in address = random_loopback(7471);
+  auto listener = roce_id(server);
+  ASSERT_TRUE(listener->bind(address));
+  ASSERT_TRUE(listener->listen(64));
+  auto other_listener = roce_id(bystander);
+  sockaddr_in other = address;
+  other.sin_port = htons(7472);
+  ASSERT_TRUE(other_listener->bind(other));
+  ASSERT_TRUE(other_listener->listen(16));
+  Side client;
+  constexpr int kConnections = 16;
+  std::vector<std::unique_ptr<CmId>> client_ids, server_ids;
+  std::vector<QueuePair*> client_qps, server_qps;
+  std::vector<std::vector<std::uint8_t>> inboxes(kConnections, std::vector<std::uint8_t>(5000, 0));
+  std::vector<std::unique_ptr<MemoryRegion>> inbox_mrs;
+  for (int i = 0; i < kConnections; ++i) {
+    start_roce_client(client, address);
+    auto request = expect_event(*server.channel, CmEventType::connect_request);
+    ASSERT_TRUE(request.new_id);
+    auto id = std::move(request.new_id);
+    QueuePair* qp = id->create_qp(*server.pd, server.qp_attr()).value();
+    inbox_mrs.push_back(server.region(inboxes[static_cast<std::size_t>(i)]));
+    ASSERT_TRUE(qp->post_recv(RecvWr{.wr_id = static_cast<std::uint64_t>(i), .sg_list = {inbox_mrs.back()->sge()}}));
+    ASSERT_TRUE(id->accept({}));
+    expect_event(*client.channel, CmEventType::established);
+    expect_event(*server.channel, CmEventType::established);
+    client_ids.push_back(std::move(client.id));
+    client_qps.push_back(client.qp);
+    server_ids.push_back(std::move(id));
+    server_qps.push_back(qp);
+  }
+  std::vector<std::uint8_t> data(5000);
+  std::iota(data.begin(), data.end(), std::uint8_t{7});
+  auto data_mr = client.region(data);
+  for (int i = 0; i < kConnections; ++i)
+    ASSERT_TRUE(client_qps[static_cast<std::size_t>(i)]->post_send(
+        SendWr{.wr_id = static_cast<std::uint64_t>(i), .opcode = WrOpcode::send, .sg_list = {data_mr->sge()}}));
+  auto client_wcs = poll_n(*client.cq, kConnections);
+  ASSERT_EQ(client_wcs.size(), static_cast<std::size_t>(kConnections));
+  for (const auto& wc : client_wcs) EXPECT_EQ(wc.status, WcStatus::success) << wc.wr_id;
+  auto server_wcs = poll_n(*server.cq, kConnections);
+  ASSERT_EQ(server_wcs.size(), static_cast<std::size_t>(kConnections));
+  for (const auto& wc : server_wcs) {
+    EXPECT_EQ(wc.status, WcStatus::success);
+    EXPECT_EQ(wc.byte_len, data.size());
+  }
+  for (const auto& inbox : inboxes) EXPECT_EQ(inbox, data);
+  const auto passed_on = share::share_counts(*bystander.context);
+  EXPECT_GT(passed_on.forwarded_out, 0u);
+  EXPECT_EQ(passed_on.dropped_no_owner, 0u);
+  EXPECT_EQ(passed_on.dropped_forward_full, 0u);
+  EXPECT_GT(share::share_counts(*server.context).forwarded_in, 0u);
+  EXPECT_EQ(share::share_counts(*bystander.context).forwarded_in, 0u);
 }
 
 }  // namespace

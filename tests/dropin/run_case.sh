@@ -153,6 +153,17 @@ case $program in
     ! grep -a -q -i 'mismatch' "$work/client.out" "$work/client.err" || fail "data mismatch"
     echo "$case: 100 pings, data verified (-V)"
     ;;
+  rping_one_address)
+    # Server and client processes on one address (RoCE: they share its UDP 4791;
+    # docs/roce-transport.md, "Several processes on one address"): -I binds the client there.
+    ready_port=$(free_port)
+    pair 40 -- rping -s -a "$address" -p "$ready_port" -v -V -C 100 -- \
+      rping -c -a "$address" -I "$address" -p "$ready_port" -v -V -C 100
+    pings=$(grep -a -c '^ping data: rdma-ping-' "$work/client.out")
+    ((pings == 100)) || fail "client printed $pings of 100 verified pings"
+    ! grep -a -q -i 'mismatch' "$work/client.out" "$work/client.err" || fail "data mismatch"
+    echo "$case: 100 pings from a client on the server's address, data verified (-V)"
+    ;;
   ucmatose)
     ready_port=$(free_port)
     pair 30 -- ucmatose -b "$address" -p "$ready_port" -- ucmatose -s "$address" -p "$ready_port"

@@ -11,6 +11,9 @@
         p2p:         exactly N(N-1)/2 connections and no duplicates: the CM resolved every
                      collision (design.md §3). This needs the p2p resolver in the CM.
 
+      With --one-address every rank listens on one random 127/8 address (`--bind`): over RoCE
+      the ranks' processes share its UDP port 4791.
+
   mesh_tool_test.py --peercm PATH --ranks N --model M --crash-rank K [--end-within S]
       Rank K exits abruptly after the start barrier: the job must end quickly with a
       non-zero status and JSON that says it failed (no hang, no stray processes), and
@@ -19,6 +22,7 @@
 """
 import argparse
 import json
+import random
 import re
 import subprocess
 import sys
@@ -54,7 +58,10 @@ def run(args, extra, ended=None):
 
 
 def check_run(args):
-    status, s, _ = run(args, [])
+    extra = []
+    if args.one_address:
+        extra = ["--bind", f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"]
+    status, s, _ = run(args, extra)
     n = args.ranks
     pairs = n * (n - 1) // 2
     fields = {"ranks": int, "model": str, "transport": str, "connections": int, "expected_connections": int, "duplicates": int,
@@ -128,6 +135,8 @@ def main():
     parser.add_argument("--timeout", type=float, default=6.0)
     parser.add_argument("--deadline", type=float, default=DEADLINE, help="seconds before the run is killed")
     parser.add_argument("--crash-rank", type=int, default=-1)
+    parser.add_argument("--one-address", action="store_true",
+                        help="every rank on one random 127/8 address (--bind; RoCE: they share its UDP 4791)")
     parser.add_argument("--end-within", type=float, default=None,
                         help="with --crash-rank: seconds from the crash by which the job must have ended")
     args = parser.parse_args()

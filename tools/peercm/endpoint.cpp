@@ -404,6 +404,10 @@ std::unique_ptr<CmId> resolve(Device& device, const sockaddr_in& destination, st
     auto off = id->set_option(CmOption::peer_to_peer, 0);
     if (!off) throw_errc("set_option(peer_to_peer)", off.error());
   }
+  if (device.source) {
+    auto bound = id->bind(*device.source);
+    if (!bound) throw_errc(fmt::format("bind {}", format_address(*device.source)), bound.error());
+  }
   auto ok = id->resolve_addr(destination);
   if (!ok) throw_errc("resolve_addr", ok.error());
   tool::wait_event(*device.channel, id.get(), {CmEventType::addr_resolved});

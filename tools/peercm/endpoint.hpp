@@ -119,6 +119,9 @@ struct Device {
   Transport transport;
   std::unique_ptr<Context> context;
   std::unique_ptr<EventChannel> channel;
+  // Client ids connect from this address when set (--bind of a client): over RoCE, an address
+  // the server may share (docs/roce-transport.md, "Several processes on one address").
+  std::optional<sockaddr_in> source;
 };
 
 // Registered memory owned by an Endpoint (64-byte aligned).

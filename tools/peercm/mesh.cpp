@@ -591,11 +591,11 @@ void add_mesh(CLI::App& app) {
       ->check(CLI::Range(1.0, 3600.0));
   cmd->add_option("--size", o->size, "Bytes per message")->check(CLI::Range(kMinSize, kMaxSize));
   cmd->add_option("--transport", o->transport,
-                  "iwarp (MPA over TCP) or roce (RoCEv2 over UDP 4791; every rank is an address of its own)")
+                  "iwarp (MPA over TCP) or roce (RoCEv2 over UDP 4791)")
       ->check(CLI::IsMember({"iwarp", "roce"}));
   cmd->add_option("--bind", o->bind,
-                  "Address the rank listens on (port chosen by the system); local: every rank (iwarp only). "
-                  "Default: 127.0.0.1 over iwarp, a random 127/8 address per rank over roce")
+                  "Address the rank listens on (port chosen by the system); local: every rank, which then share "
+                  "it. Default: 127.0.0.1 over iwarp, a random 127/8 address per rank over roce")
       ->type_name("ADDR");
   cmd->add_option("--crc", o->crc, "MPA CRC (iwarp): on (required) or off (default: preferred)")
       ->check(CLI::IsMember({"on", "off"}));
@@ -619,10 +619,6 @@ void add_mesh(CLI::App& app) {
         throw CLI::ValidationError("mesh", "--rank and --bootstrap-fd are for spawned ranks; --bootstrap-dir for file");
       }
       if (o->transport == "roce") {
-        // A RoCE node is one address: ranks of one host cannot share one.
-        if (o->bootstrap == "local" && o->ranks > 1 && !o->bind.empty())
-          throw CLI::ValidationError("mesh", "--transport roce --bootstrap local: every rank takes its own random "
-                                             "127/8 address; --bind is for --bootstrap file or pmix");
         if (!o->crc.empty()) throw CLI::ValidationError("mesh", "--crc is MPA's (iwarp only)");
       }
       exit_status = run_mesh(*o);

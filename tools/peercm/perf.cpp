@@ -800,6 +800,10 @@ int run_client(const PerfOptions& o) {
   const auto tcp_dst = parse_address(o.client, static_cast<std::uint16_t>(o.port + 1));
   if (!peercm_dst || !tcp_dst) throw ToolError(fmt::format("cannot resolve '{}'", o.client));
   Device device(progress_option(o.progress), transport_option(o.transport));
+  if (!o.bind.empty()) {
+    device.source = parse_address(o.bind, 0);
+    if (!device.source) throw ToolError(fmt::format("cannot resolve bind address '{}'", o.bind));
+  }
   const Results results = run_client_side(device, *peercm_dst, *tcp_dst, crc_option(o.crc), p);
   print_results(o, p, results);
   return 0;
@@ -844,7 +848,7 @@ void add_perf(CLI::App& app) {
   auto* client = cmd->add_option("--client", o->client, "Run the client end against ADDR")->type_name("ADDR");
   loopback->excludes(server)->excludes(client);
   server->excludes(client);
-  cmd->add_option("--bind", o->bind, "Server: address to listen on (default: all)")->type_name("ADDR");
+  cmd->add_option("--bind", o->bind, "Server: address to listen on (default: all); client: address to connect from")->type_name("ADDR");
   cmd->add_option("--port", o->port, "Port of the peercm listener (the TCP baseline uses port+1)");
   cmd->add_flag("--once", o->once, "Server: exit after one client");
   cmd->add_option("--op", o->op, "Operation")->check(CLI::IsMember({"send", "write", "read"}));

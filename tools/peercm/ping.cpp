@@ -320,6 +320,10 @@ void run_client_iterations(const PingOptions& opts, Op op, ClientResult& result)
   const auto destination = parse_address(opts.client, opts.port);
   if (!destination) throw ToolError(fmt::format("cannot resolve '{}'", opts.client));
   Device device(progress_option(opts.progress), transport_option(opts.transport));
+  if (!opts.bind.empty()) {
+    device.source = parse_address(opts.bind, 0);
+    if (!device.source) throw ToolError(fmt::format("cannot resolve bind address '{}'", opts.bind));
+  }
   Endpoint ep(device, resolve(device, *destination, crc_option(opts.crc)), ping_config());
   const std::size_t size = opts.size;
   Buffer& tx = ep.add_buffer(size);
@@ -430,7 +434,7 @@ void add_ping(CLI::App& app) {
   auto* server = cmd->add_flag("--server", opts->server, "Run the server (serves clients one after another)");
   auto* client = cmd->add_option("--client", opts->client, "Run the client against ADDR")->type_name("ADDR");
   server->excludes(client);
-  cmd->add_option("--bind", opts->bind, "Server: address to listen on (default: all)")->type_name("ADDR");
+  cmd->add_option("--bind", opts->bind, "Server: address to listen on (default: all); client: address to connect from")->type_name("ADDR");
   cmd->add_option("--port", opts->port, "Port (server: 0 picks a free one)");
   cmd->add_flag("--once", opts->once, "Server: exit after one client");
   cmd->add_option("--op", opts->op, "Client: operation")->check(CLI::IsMember({"send", "write", "read"}));

@@ -178,10 +178,17 @@ Status<std::errc> listen(CmIdImpl& id, int backlog) {
   std::uint16_t service = ntohs(bound.sin_port);
   if (st(id).reserved_service != 0) {
     // The port its bind reserved becomes the listener's.
-    device.release_service(st(id).reserved_address, std::exchange(st(id).reserved_service, 0));
+    device.release_service(st(id).reserved_address, std::exchange(st(id).reserved_service, 0), true);
   }
-  if (service == 0) service = device.ephemeral_service_port(address);
-  if (service == 0 || device.service_taken(address, service)) return fail(std::errc::address_in_use);
+  const bool ephemeral = service == 0;
+  for (int attempt = 0;; ++attempt) {
+    if (ephemeral) service = device.ephemeral_service_port(address);
+    if (service == 0 || device.service_taken(address, service)) return fail(std::errc::address_in_use);
+    auto tracked = device.track_listener(address, service, id.shared_from_this());
+    if (tracked) break;
+    // Another context sharing the address listens there: a free port is looked for further on.
+    if (!ephemeral || tracked.error() != std::errc::address_in_use || attempt >= 256) return fail(tracked.error());
+  }
   for (RocePort* port : ports) {
     if (id.datagram) {
       port->agent.listen_datagram(service);
@@ -189,7 +196,6 @@ Status<std::errc> listen(CmIdImpl& id, int backlog) {
       port->agent.listen(service);
     }
   }
-  device.track_listener(address, service, id.shared_from_this());
   if (device.p2p_listen_port == 0 && !id.datagram) device.p2p_listen_port = service;
   st(id).address = address;
   st(id).listen_port = service;
@@ -635,7 +641,7 @@ Status<std::errc> RoceCm::reserve_port(CmIdImpl& id, sockaddr_in& address) {
   if (host != RoceDevice::kAnyAddress) {
     if (auto opened = device.port(host); !opened) return fail(opened.error());
   }
-  auto service = device.reserve_service(host, ntohs(address.sin_port));
+  auto service = device.reserve_service(host, ntohs(address.sin_port), true);
   if (!service) return fail(service.error());
   address.sin_port = htons(*service);
   st(id).reserved_address = host;

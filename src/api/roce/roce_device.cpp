@@ -29,7 +29,9 @@ namespace {
 
 std::uint32_t random_u32() { return engine::kernel_random_u32(); }
 
-int open_socket(Ipv4 address, std::errc& error) {
+// `shared`: with SO_REUSEPORT, so that other contexts of this user bind the address too
+// (address_share.hpp); the kernel hands each datagram to one of them.
+int open_socket(Ipv4 address, bool shared, std::errc& error) {
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     error = static_cast<std::errc>(errno);
@@ -44,6 +46,7 @@ int open_socket(Ipv4 address, std::errc& error) {
   // ICMP errors for what we sent come to the error queue (on_error_queue): a port
   // unreachable from a peer's host says its node is gone (docs/reliability.md, "Dead peers").
   ::setsockopt(fd, IPPROTO_IP, IP_RECVERR, &on, sizeof on);
+  if (shared) ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
   // A window of full-PMTU packets arrives at once; without room the kernel drops them and
   // RC waits out its ACK timer. FORCE needs CAP_NET_ADMIN; the plain option is capped.
   int buffer = 8 << 20;
@@ -93,13 +96,31 @@ RoceDevice::RoceDevice(ContextImpl& context, const RoceOptions& options)
       faults_(options.faults, sender_),
       next_comm_id_(random_u32() | 1),
       next_service_port_(static_cast<std::uint16_t>(49152 + random_u32() % 8192)),
-      buffers_(new std::uint8_t[kBatch * kBufferSize]) {}  // not zero-filled: reads write it
+      buffers_(new std::uint8_t[kBatch * kBufferSize]) {  // not zero-filled: reads write it
+  ctx.want_roce_slot();
+  slot_ = ctx.roce_slot();
+  if (slot_ < 0) return;
+  // Comm IDs carry the slot: a reply that reaches another context on the address comes here.
+  next_comm_id_ = static_cast<std::uint32_t>(slot_) << kCommIdSlotShift | (next_comm_id_ & kCommIdLowMask);
+}
 
 RoceDevice::~RoceDevice() {
   if (timer_) ctx.reactor.cancel_timer(*timer_);
+  for (const auto& [key, fd] : service_names_) {
+    if (listening_names_.contains(key)) ctx.reactor.remove(fd);
+    ::close(fd);
+  }
+  for (const int fd : forward_connections_) {
+    ctx.reactor.remove(fd);
+    ::close(fd);
+  }
   for (auto& [address, port] : ports_) {
     ctx.reactor.remove(port->fd);
     ::close(port->fd);
+    if (port->slot_fd >= 0) {
+      ctx.reactor.remove(port->slot_fd);
+      ::close(port->slot_fd);
+    }
   }
 }
 
@@ -111,7 +132,7 @@ RocePort* RoceDevice::find_port(Ipv4 address) {
 Result<RocePort*, std::errc> RoceDevice::port(Ipv4 address) {
   if (RocePort* existing = find_port(address)) return existing;
   std::errc error{};
-  const int fd = open_socket(address, error);
+  const int fd = open_socket(address, slot_ >= 0, error);
   if (fd < 0) return fail(error);
   core::ibcm::IbCmAgentConfig config;
   config.identity = core::NodeIdentity{ctx.node_guid, ctx.incarnation};
@@ -121,10 +142,18 @@ Result<RocePort*, std::errc> RoceDevice::port(Ipv4 address) {
   config.timing.max_cm_retries = options_.cm_max_retries;
   config.timing.timewait = timewait_exponent(ctx.timewait);
   config.connect_timeout = std::chrono::seconds(10);
-  // Comm IDs of one context never repeat across its addresses: the stale-REQ memory of a
-  // peer is keyed by (CA GUID, comm ID), and all our agents share the GUID.
+  // Comm IDs of one context do not repeat across its addresses: the stale-REQ memory of a
+  // peer is keyed by (CA GUID, comm ID), and all our agents share the GUID. Without a slot the
+  // agents' ranges are 2^24 apart; with one, 2^21 apart within the slot's 2^25 (an agent
+  // reaches the next one's start after 2^21 connections).
   config.first_comm_id = next_comm_id_;
-  next_comm_id_ += 1u << 24;
+  if (slot_ >= 0) {
+    // The slot stays in the top bits; each address's agent starts 2^21 further on.
+    config.comm_id_fixed_bits = ~kCommIdLowMask;
+    next_comm_id_ = (next_comm_id_ & ~kCommIdLowMask) | ((next_comm_id_ + (1u << 21)) & kCommIdLowMask);
+  } else {
+    next_comm_id_ += 1u << 24;
+  }
   config.tid_high = random_u32();
   auto owned = std::make_unique<RocePort>(address, fd, config);
   RocePort* raw = owned.get();
@@ -134,6 +163,18 @@ Result<RocePort*, std::errc> RoceDevice::port(Ipv4 address) {
     return fail(added.error());
   }
   ctx.reactor.poll_directly(fd, true);
+  if (slot_ >= 0) {
+    // Where the other contexts on the address pass on what is ours. Without it (it cannot
+    // fail but for a lack of descriptors) only what the kernel hands us directly arrives.
+    std::errc name_error{};
+    const int slot_fd = listen_on_name(slot_name(address, slot_), name_error);
+    if (slot_fd >= 0 &&
+        ctx.reactor.add(slot_fd, EPOLLIN, [this, slot_fd](std::uint32_t) { on_forward_listener(slot_fd); })) {
+      raw->slot_fd = slot_fd;
+    } else if (slot_fd >= 0) {
+      ::close(slot_fd);
+    }
+  }
   // Listeners on every address take this one's REQs too.
   for (const auto& [key, listener] : listeners_) {
     if (key.first != kAnyAddress) continue;
@@ -279,11 +320,43 @@ std::shared_ptr<CmIdImpl> RoceDevice::find_id(Ipv4 address, core::ibcm::IbCmId i
   return found->second.lock();
 }
 
-void RoceDevice::track_listener(Ipv4 address, std::uint16_t service, const std::shared_ptr<CmIdImpl>& listener) {
+Status<std::errc> RoceDevice::track_listener(Ipv4 address, std::uint16_t service,
+                                             const std::shared_ptr<CmIdImpl>& listener) {
+  if (slot_ >= 0 && !listening_names_.contains({address, service})) {
+    // The name routes REQs for the service to this context from the others on the address.
+    int fd = -1;
+    if (auto held = service_names_.find({address, service}); held != service_names_.end()) {
+      // Held since the id's bind: it listens now.
+      if (::listen(held->second, SOMAXCONN) != 0) return fail(static_cast<std::errc>(errno));
+      fd = held->second;
+    } else {
+      std::errc error{};
+      fd = listen_on_name(service_name(address, service), error);
+      if (fd < 0) return fail(error);
+      service_names_.emplace(std::pair{address, service}, fd);
+    }
+    if (auto added = ctx.reactor.add(fd, EPOLLIN, [this, fd](std::uint32_t) { on_forward_listener(fd); }); !added) {
+      drop_service_name(address, service);
+      return fail(added.error());
+    }
+    listening_names_.emplace(address, service);
+  }
   listeners_[{address, service}] = listener;
+  return {};
 }
 
-void RoceDevice::forget_listener(Ipv4 address, std::uint16_t service) { listeners_.erase({address, service}); }
+void RoceDevice::drop_service_name(Ipv4 address, std::uint16_t service) {
+  auto named = service_names_.find({address, service});
+  if (named == service_names_.end()) return;
+  if (listening_names_.erase({address, service}) > 0) ctx.reactor.remove(named->second);
+  ::close(named->second);
+  service_names_.erase(named);
+}
+
+void RoceDevice::forget_listener(Ipv4 address, std::uint16_t service) {
+  listeners_.erase({address, service});
+  drop_service_name(address, service);
+}
 
 std::shared_ptr<CmIdImpl> RoceDevice::find_listener(Ipv4 address, std::uint16_t service) {
   for (const Ipv4 key : {address, kAnyAddress}) {
@@ -314,14 +387,30 @@ bool RoceDevice::service_taken(Ipv4 address, std::uint16_t service) {
   return false;
 }
 
-Result<std::uint16_t, std::errc> RoceDevice::reserve_service(Ipv4 address, std::uint16_t service) {
-  if (service == 0) service = ephemeral_service_port(address);
-  if (service == 0 || service_taken(address, service)) return fail(std::errc::address_in_use);
+Result<std::uint16_t, std::errc> RoceDevice::reserve_service(Ipv4 address, std::uint16_t service,
+                                                             bool across_contexts) {
+  const bool ephemeral = service == 0;
+  for (int attempt = 0;; ++attempt) {
+    if (ephemeral) service = ephemeral_service_port(address);
+    if (service == 0 || service_taken(address, service)) return fail(std::errc::address_in_use);
+    if (!across_contexts || slot_ < 0 || service_names_.contains({address, service})) break;
+    std::errc error{};
+    const int fd = listen_on_name(service_name(address, service), error, false);
+    if (fd >= 0) {
+      service_names_.emplace(std::pair{address, service}, fd);
+      break;
+    }
+    // Another process on the address holds it: a free port is looked for further on.
+    if (!ephemeral || error != std::errc::address_in_use || attempt >= 256) return fail(error);
+  }
   reserved_services_.emplace(address, service);
   return service;
 }
 
-void RoceDevice::release_service(Ipv4 address, std::uint16_t service) { reserved_services_.erase({address, service}); }
+void RoceDevice::release_service(Ipv4 address, std::uint16_t service, bool for_listener) {
+  reserved_services_.erase({address, service});
+  if (!for_listener) drop_service_name(address, service);
+}
 
 void RoceDevice::add_stats(CmStats& stats) const {
   for (const auto& [address, port] : ports_) {
@@ -507,9 +596,179 @@ void RoceDevice::on_readable(RocePort& port, std::uint32_t events) {
   if (any) pump();
 }
 
+bool RoceDevice::forward_to(const std::string& name, RocePort& port, std::span<const std::uint8_t> bytes,
+                            const sockaddr_in& from) {
+  const ForwardHeader header{.source = ntohl(from.sin_addr.s_addr),
+                             .destination = port.address,
+                             .source_port = ntohs(from.sin_port)};
+  if (!forwarder_.queue(name, header, bytes)) return false;
+  ++forwarded_out;
+  return true;
+}
+
+void RoceDevice::send(int fd, std::uint16_t source_port, Ipv4 source, const sockaddr_in& to,
+                      std::span<const iovec> pieces, bool alone) {
+  if (slot_ >= 0 && ntohl(to.sin_addr.s_addr) == source && send_to_neighbour(fd, source_port, source, pieces))
+    return;
+  faults_.send(fd, to, pieces, alone);
+}
+
+bool RoceDevice::send_to_neighbour(int fd, std::uint16_t source_port, Ipv4 source,
+                                   std::span<const iovec> pieces) {
+  // The destination is our own address, which other contexts may share. Over UDP the kernel
+  // would hand the datagram to any of them, which would pass it on; and datagrams of one
+  // connection from two sockets (a QP's ACK, then the CM's DREQ) could take two paths and
+  // arrive out of order. Straight to the owner, they take one ordered path, in one hop.
+  RocePort* port = find_port(source);
+  if (!port) return false;
+  neighbour_bytes_.clear();
+  for (const iovec& piece : pieces)
+    neighbour_bytes_.insert(neighbour_bytes_.end(), static_cast<const std::uint8_t*>(piece.iov_base),
+                            static_cast<const std::uint8_t*>(piece.iov_base) + piece.iov_len);
+  const std::span<const std::uint8_t> bytes(neighbour_bytes_);
+  const Route route = route_of(bytes);
+  if (route.kind == Route::Kind::here || (route.kind == Route::Kind::slot && route.slot == slot_)) return false;
+  if (route.kind == Route::Kind::service && find_listener(source, route.service)) return false;
+  if (source_port == 0) {
+    sockaddr_in local{};
+    socklen_t length = sizeof local;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return false;
+    source_port = ntohs(local.sin_port);
+  }
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  from.sin_addr.s_addr = htonl(source);
+  from.sin_port = htons(source_port);
+  if (route.kind == Route::Kind::service) {
+    // Nobody listening: over UDP, whoever gets it rejects it (REJ 8), ourselves included.
+    return forward_to(service_name(source, route.service), *port, bytes, from) ||
+           forward_to(service_name(kAnyAddress, route.service), *port, bytes, from);
+  }
+  // Nobody at the slot: the peer's process is gone; its host would not answer either.
+  if (!forward_to(slot_name(source, route.slot), *port, bytes, from)) ++dropped_no_owner;
+  return true;
+}
+
+bool RoceDevice::forward_elsewhere(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from) {
+  const Route route = route_of(bytes);
+  switch (route.kind) {
+    case Route::Kind::here: return false;
+    case Route::Kind::slot:
+      if (route.slot == slot_) return false;
+      // A QP numbered before the context had its slot (QueuePair::create before any RoCE use
+      // in the C++ API) is still ours when its datagrams come here directly.
+      if (const std::uint32_t qpn = std::uint32_t{bytes[5]} << 16 | std::uint32_t{bytes[6]} << 8 | bytes[7];
+          qpn != wire::ibcm::kGsiQpn && qps_.contains(qpn))
+        return false;
+      // A slot nobody owns at this address: its process is gone, and so are its QPs and
+      // connections.
+      if (!forward_to(slot_name(port.address, route.slot), port, bytes, from)) {
+        if (bytes[5] == 0 && bytes[6] == 0 && bytes[7] == wire::ibcm::kGsiQpn) {
+          ++dropped_no_owner;
+        } else {
+          ++dropped_unknown_qp;
+        }
+      }
+      return true;
+    case Route::Kind::service:
+      // Ours, or nobody's: then our agent rejects it (REJ 8), as any node would.
+      if (find_listener(port.address, route.service)) return false;
+      return forward_to(service_name(port.address, route.service), port, bytes, from) ||
+             forward_to(service_name(kAnyAddress, route.service), port, bytes, from);
+  }
+  return false;
+}
+
+void RoceDevice::on_forward_listener(int listen_fd) {
+  for (int guard = 0; guard < 64; ++guard) {
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    // Any process of the host can reach an abstract name; only this user's may speak for the
+    // network (docs/reliability.md, "Sharing an address").
+    ucred peer{};
+    socklen_t length = sizeof peer;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0 || peer.uid != ::getuid()) {
+      ::close(fd);
+      continue;
+    }
+    int buffer = 8 << 20;
+    if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) != 0)
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+    if (!ctx.reactor.add(fd, EPOLLIN, [this, fd](std::uint32_t events) { on_forwarded(fd, events); })) {
+      ::close(fd);
+      continue;
+    }
+    ctx.reactor.poll_directly(fd, true);
+    forward_connections_.insert(fd);
+  }
+}
+
+void RoceDevice::on_forwarded(int fd, std::uint32_t events) {
+  static_assert(kMaxForwardMessage <= kBufferSize, "a passed-on message fits a receive buffer");
+  bool any = false;
+  // What the other context sent before it hung up is read first.
+  bool closed = false;
+  for (int batch = 0; batch < 8 && !closed; ++batch) {
+    for (std::size_t i = 0; i < kBatch; ++i) {
+      message_iovs_[i] = iovec{buffers_.get() + i * kBufferSize, kBufferSize};
+      messages_[i] = mmsghdr{};
+      messages_[i].msg_hdr.msg_iov = &message_iovs_[i];
+      messages_[i].msg_hdr.msg_iovlen = 1;
+    }
+    const int received = ::recvmmsg(fd, messages_.data(), kBatch, MSG_DONTWAIT, nullptr);
+    if (received <= 0) {
+      closed = received == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
+               (events & (EPOLLHUP | EPOLLERR)) != 0;
+      break;
+    }
+    const core::Time at = now();
+    for (std::size_t i = 0; i < static_cast<std::size_t>(received); ++i) {
+      const std::size_t size = messages_[i].msg_len;
+      if (size == 0) {  // the other context closed the connection
+        closed = true;
+        break;
+      }
+      if (messages_[i].msg_hdr.msg_flags & MSG_TRUNC) continue;
+      // One or more records: a header and its datagram.
+      const std::uint8_t* message = buffers_.get() + i * kBufferSize;
+      for (std::size_t offset = 0; offset + sizeof(ForwardHeader) <= size;) {
+        ForwardHeader header;
+        std::memcpy(&header, message + offset, sizeof header);
+        offset += sizeof header;
+        if (header.magic != ForwardHeader::kMagic || header.length > size - offset) break;
+        const std::span<const std::uint8_t> datagram(message + offset, header.length);
+        offset += header.length;
+        // A REQ for a listener on every address may come for an address we have no socket
+        // on yet (the listener takes every address the context opens); anything else names
+        // one of ours.
+        RocePort* port = find_port(header.destination);
+        if (!port && route_of(datagram).kind == Route::Kind::service) {
+          if (auto opened = this->port(header.destination)) port = *opened;
+        }
+        if (!port) continue;
+        sockaddr_in from{};
+        from.sin_family = AF_INET;
+        from.sin_addr.s_addr = htonl(header.source);
+        from.sin_port = htons(header.source_port);
+        ++forwarded_in;
+        any = true;
+        on_datagram(*port, datagram, from, at, true);
+      }
+    }
+    if (static_cast<std::size_t>(received) < kBatch) break;
+  }
+  if (closed) {
+    ctx.reactor.remove(fd);
+    ::close(fd);
+    forward_connections_.erase(fd);
+  }
+  if (any) pump();
+}
+
 void RoceDevice::on_datagram(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from,
-                             core::Time at) {
+                             core::Time at, bool forwarded) {
   if (bytes.size() < wire::roce::kBthSize) return;
+  if (slot_ >= 0 && !forwarded && forward_elsewhere(port, bytes, from)) return;
   // BTH bytes 5-7: DestQP (§1.2). The rest is decoded by whoever owns that QP.
   const std::uint32_t destination_qp = std::uint32_t{bytes[5]} << 16 | std::uint32_t{bytes[6]} << 8 | bytes[7];
   const Ipv4 source = ntohl(from.sin_addr.s_addr);
@@ -598,7 +857,7 @@ bool RoceDevice::drain_agent(RocePort& port) {
     // Alone: a port unreachable must quote this MAD's own Local Communication ID to end its
     // exchange at once (docs/reliability.md, "Dead peers"); in a GSO send only the first
     // MAD's bounce comes back.
-    faults_.send(port.fd, to, std::span(&piece, 1), /*alone=*/true);
+    send(port.fd, wire::roce::kRoceUdpPort, port.address, to, std::span(&piece, 1), /*alone=*/true);
   }
   while (auto event = port.agent.poll_event()) {
     any = true;
@@ -616,7 +875,7 @@ bool RoceDevice::drain_ud_qp(RoceUdQp& qp) {
     to.sin_port = htons(wire::roce::kRoceUdpPort);
     to.sin_addr.s_addr = htonl(from_bytes(datagram->remote_ip));
     const iovec piece{datagram->bytes.data(), datagram->bytes.size()};
-    faults_.send(qp.send_fd, to, std::span(&piece, 1));
+    send(qp.send_fd, 0, qp.local_address, to, std::span(&piece, 1));
   }
   return any;
 }
@@ -636,7 +895,7 @@ bool RoceDevice::drain_uc_qp(RoceUcQp& qp) {
     pieces_.push_back(iovec{datagram_.header.data(), datagram_.header_size});
     pieces_.insert(pieces_.end(), datagram_.payload.begin(), datagram_.payload.end());
     if (datagram_.trailer_size > 0) pieces_.push_back(iovec{datagram_.trailer.data(), datagram_.trailer_size});
-    faults_.send(qp.send_fd, to, pieces_);
+    send(qp.send_fd, 0, qp.local_address, to, pieces_);
   }
   return any;
 }
@@ -656,7 +915,7 @@ bool RoceDevice::drain_qp(QueuePairImpl& qp) {
     pieces_.push_back(iovec{datagram_.header.data(), datagram_.header_size});
     pieces_.insert(pieces_.end(), datagram_.payload.begin(), datagram_.payload.end());
     if (datagram_.trailer_size > 0) pieces_.push_back(iovec{datagram_.trailer.data(), datagram_.trailer_size});
-    faults_.send(roce.send_fd, to, pieces_);
+    send(roce.send_fd, roce.source_port, roce.local_address, to, pieces_);
   }
   if (roce.rc.poll_liveness_confirmed()) {
     any = true;
@@ -715,6 +974,7 @@ void RoceDevice::pump() {
   }
   faults_.release_held();
   sender_.flush();
+  forwarder_.flush(dropped_forward_full, dropped_no_owner);
   pumping_ = false;
   rearm();
 }

@@ -18,10 +18,12 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
 
+#include "api/roce/address_share.hpp"
 #include "api/roce/fault_shim.hpp"
 #include "api/roce/udp_sender.hpp"
 #include "core/ibcm/ibcm_agent.hpp"
@@ -58,6 +60,7 @@ struct RocePort {
   int fd;
   core::ibcm::IbCmAgent agent;
   std::uint32_t gsi_psn = 0;  // UD receivers ignore it; counted per datagram as rxe does
+  int slot_fd = -1;           // shared address: the (address, slot) name's listener
 };
 
 class RoceDevice {
@@ -94,7 +97,9 @@ class RoceDevice {
   void track_id(Ipv4 address, core::ibcm::IbCmId id, const std::shared_ptr<CmIdImpl>& cm_id);
   void forget_id(Ipv4 address, core::ibcm::IbCmId id);
   std::shared_ptr<CmIdImpl> find_id(Ipv4 address, core::ibcm::IbCmId id);
-  void track_listener(Ipv4 address, std::uint16_t port, const std::shared_ptr<CmIdImpl>& listener);
+  // With a slot (a shared address), the listener's (address, service) name is claimed too:
+  // EADDRINUSE when another context on the host listens there.
+  Status<std::errc> track_listener(Ipv4 address, std::uint16_t port, const std::shared_ptr<CmIdImpl>& listener);
   void forget_listener(Ipv4 address, std::uint16_t port);
   // The listener of `port` on `address`, else one listening on every address (kAnyAddress).
   std::shared_ptr<CmIdImpl> find_listener(Ipv4 address, std::uint16_t port);
@@ -110,8 +115,12 @@ class RoceDevice {
   bool service_taken(Ipv4 address, std::uint16_t service);
   // rdma_bind_addr: the service port is the id's from now on, as the kernel's rdma_cm takes a
   // port at bind. 0 picks a free one. EADDRINUSE when taken.
-  Result<std::uint16_t, std::errc> reserve_service(Ipv4 address, std::uint16_t service);
-  void release_service(Ipv4 address, std::uint16_t service);
+  // `across_contexts` (an explicit bind): with a slot, the (address, service) name is held as
+  // well, so that the port is taken against other processes on the address too, as the
+  // kernel's rdma_cm takes it at bind; a later listen() on it keeps the name.
+  Result<std::uint16_t, std::errc> reserve_service(Ipv4 address, std::uint16_t service, bool across_contexts = false);
+  // `for_listener`: the reservation becomes the listener's (listen() follows): its name stays.
+  void release_service(Ipv4 address, std::uint16_t service, bool for_listener = false);
   std::vector<RocePort*> all_ports();
 
   // Sends everything queued, delivers events, re-arms the timer: after every input.
@@ -128,6 +137,16 @@ class RoceDevice {
   std::uint16_t p2p_listen_port = 0;
   // Datagrams to a QPN no QP of the context has: dropped and counted.
   std::uint64_t dropped_unknown_qp = 0;
+  // The context's RoCE slot, -1 without one (its addresses are then its alone).
+  int slot() const { return slot_; }
+  // Sharing an address (address_share.hpp): datagrams passed on to the context that owns
+  // them, received from another context, and dropped because their slot has no owner at the
+  // address (CM MADs; a QPN's datagram counts in dropped_unknown_qp) or the owner's
+  // connection was full.
+  std::uint64_t forwarded_out = 0;
+  std::uint64_t forwarded_in = 0;
+  std::uint64_t dropped_no_owner = 0;
+  std::uint64_t dropped_forward_full = 0;
   // ICMP port unreachable errors on the CM sockets: handed to the agent (they matched the
   // peer we sent to and quote a connection MAD), or ignored (docs/reliability.md, "Dead peers").
   std::uint64_t port_unreachable_taken = 0;
@@ -141,7 +160,25 @@ class RoceDevice {
   // Whether `qp`'s socket holds an ICMP port unreachable for a packet to its peer's QP (the
   // error queue is read empty).
   bool peer_unreachable(RoceQp& qp);
-  void on_datagram(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from, core::Time at);
+  // `forwarded`: it came from another context on the address, which routed it here; it is
+  // never passed on again.
+  void on_datagram(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from, core::Time at,
+                   bool forwarded = false);
+  // Shared address: passes the datagram to its owner; false when it is ours to handle.
+  bool forward_elsewhere(RocePort& port, std::span<const std::uint8_t> bytes, const sockaddr_in& from);
+  bool forward_to(const std::string& name, RocePort& port, std::span<const std::uint8_t> bytes,
+                  const sockaddr_in& from);
+  // Every datagram leaves here: through the fault hook to UDP, or, to another context on a
+  // shared address of ours, straight to it (send_to_neighbour). `source_port` is the one the
+  // ICRC covers; 0: read from `fd` when needed. `alone`: as UdpSender::add.
+  void send(int fd, std::uint16_t source_port, Ipv4 source, const sockaddr_in& to, std::span<const iovec> pieces,
+            bool alone = false);
+  // True when the datagram went (or was dropped) that way; false: it is for UDP.
+  bool send_to_neighbour(int fd, std::uint16_t source_port, Ipv4 source, std::span<const iovec> pieces);
+  // A unix listener (the slot's or a service's name): takes connections of the same user.
+  void on_forward_listener(int fd);
+  // A connection from another context: its datagrams, handled as if from the network.
+  void on_forwarded(int fd, std::uint32_t events);
   void on_timer();
   bool drain_agent(RocePort& port);
   bool drain_qp(QueuePairImpl& qp);
@@ -155,6 +192,15 @@ class RoceDevice {
   void rearm();
 
   RoceOptions options_;
+  int slot_ = -1;
+  Forwarder forwarder_;
+  std::vector<std::uint8_t> neighbour_bytes_;  // a datagram sent to a neighbour, gathered
+  // Unix names of listeners (listening, watched) and of bound ids (held only: a REQ passed on
+  // there is refused, and rejected where it arrived); listening_names_ are the watched ones.
+  std::map<std::pair<Ipv4, std::uint16_t>, int> service_names_;
+  std::set<std::pair<Ipv4, std::uint16_t>> listening_names_;
+  void drop_service_name(Ipv4 address, std::uint16_t service);
+  std::set<int> forward_connections_;                           // accepted, registered
   UdpSender sender_;
   FaultShim faults_;
   std::map<Ipv4, std::unique_ptr<RocePort>> ports_;

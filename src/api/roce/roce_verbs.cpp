@@ -271,4 +271,16 @@ PortUnreachableCounts port_unreachable_counts(Context& context) {
   return {.taken = ctx.roce->port_unreachable_taken, .ignored = ctx.roce->port_unreachable_ignored};
 }
 
+ShareCounts share_counts(Context& context) {
+  ContextImpl& ctx = context.impl();
+  std::lock_guard lock(ctx.mutex);
+  if (!ctx.roce) return {.slot = ctx.roce_slot()};
+  const RoceDevice& device = *ctx.roce;
+  return {.slot = device.slot(),
+          .forwarded_out = device.forwarded_out,
+          .forwarded_in = device.forwarded_in,
+          .dropped_no_owner = device.dropped_no_owner,
+          .dropped_forward_full = device.dropped_forward_full};
+}
+
 }  // namespace peercm::detail::roce

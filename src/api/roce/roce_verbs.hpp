@@ -99,5 +99,15 @@ struct PortUnreachableCounts {
   std::uint64_t ignored = 0;
 };
 PortUnreachableCounts port_unreachable_counts(Context& context);
+// Sharing an address (docs/roce-transport.md, "Several processes on one address"): the
+// context's slot (-1 without one) and RoceDevice's counters.
+struct ShareCounts {
+  int slot = -1;
+  std::uint64_t forwarded_out = 0;
+  std::uint64_t forwarded_in = 0;
+  std::uint64_t dropped_no_owner = 0;
+  std::uint64_t dropped_forward_full = 0;
+};
+ShareCounts share_counts(Context& context);
 
 }  // namespace peercm::detail::roce

@@ -540,11 +540,23 @@ IbCmAgent::Conn* IbCmAgent::find_conn(std::uint32_t local_comm_id, std::uint32_t
   return &it->second;
 }
 
+std::uint32_t IbCmAgent::take_comm_id() {
+  const std::uint32_t fixed = config_.comm_id_fixed_bits;
+  const auto advance = [&] { next_comm_id_ = (next_comm_id_ & fixed) | ((next_comm_id_ + 1) & ~fixed); };
+  // At most one pass through the counting bits, should every ID there be in use.
+  for (std::uint64_t tries = 0; tries <= (std::uint64_t{~fixed} + 1); ++tries) {
+    if (next_comm_id_ != 0 && !conns_.contains(next_comm_id_) && !sidr_out_.contains(next_comm_id_)) break;
+    advance();
+  }
+  const std::uint32_t comm = next_comm_id_;
+  advance();
+  return comm;
+}
+
 std::uint32_t IbCmAgent::new_conn() {
   // §4.6: a comm ID is not reused while messages of its connection may be in flight; counting
   // up through 2^32 IDs is that, and 0 stays "unknown".
-  while (next_comm_id_ == 0 || conns_.contains(next_comm_id_) || sidr_out_.contains(next_comm_id_)) ++next_comm_id_;
-  const std::uint32_t comm = next_comm_id_++;
+  const std::uint32_t comm = take_comm_id();
   conns_.emplace(comm, Conn{.cm = IbCmConnection(comm, config_.identity.guid, config_.timing, config_.tid_high)});
   return comm;
 }

@@ -52,6 +52,9 @@ struct IbCmAgentConfig {
   // Bounds every active attempt whose connect() names none (CmOption::connect_timeout).
   Duration connect_timeout = std::chrono::seconds(30);
   std::uint32_t first_comm_id = 1;  // comm IDs count up from here (random per open, §4.6)
+  // Bits of first_comm_id that every comm ID (and SIDR request ID) keeps; the others count.
+  // The I/O layer puts what routes a reply to this agent there (a RoCE slot).
+  std::uint32_t comm_id_fixed_bits = 0;
   std::uint32_t tid_high = 1;       // the upper 32 bits of the TIDs this agent starts (§3.3)
 };
 
@@ -393,6 +396,8 @@ class IbCmAgent : private P2pBinding {
   // without a walk over every connection.
   std::set<std::tuple<std::uint64_t, std::uint32_t, std::uint32_t>> established_by_qpn_;
   std::uint32_t next_comm_id_;
+  // The next free comm ID (never 0, none in use), counting within the non-fixed bits.
+  std::uint32_t take_comm_id();
   IbCmId next_id_ = 1;
   LinkId next_link_ = 1;
   std::vector<OutboundMad> mads_;

@@ -31,8 +31,7 @@ Result<IbCmId, std::errc> IbCmAgent::sidr_request(const IbCmSidrParams& params, 
   std::vector<std::uint8_t> private_data(header.begin(), header.begin() + w::kCmaHeaderSize);
   private_data.insert(private_data.end(), params.private_data.begin(), params.private_data.end());
 
-  while (next_comm_id_ == 0 || conns_.contains(next_comm_id_) || sidr_out_.contains(next_comm_id_)) ++next_comm_id_;
-  const std::uint32_t request_id = next_comm_id_++;
+  const std::uint32_t request_id = take_comm_id();
   SidrOutstanding out{.mad = {.destination = w::ipv4_mapped_gid(params.destination)},
                       .interval = params.retry_interval.value_or(cm_time(config_.timing.cm_response_timeout)),
                       .retries_left = params.max_retries.value_or(config_.timing.max_cm_retries),
