@@ -326,6 +326,10 @@ def ratio(a, b):
     return a / b if a is not None and b not in (None, 0) else None
 
 
+# The targets live in bench/targets.json ("side_by_side"), beside those of the other benches.
+TARGETS = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets.json")))["side_by_side"]
+
+
 def check(value, op, target):
     if value is None:
         return "n/a"
@@ -410,13 +414,13 @@ def report(dirpath):
             checks = ""
             if c.startswith("peercm"):
                 primary = paired if paired is not None else r_tcp
-                cks = [f"TCP {check(primary, '<=', 1.15)}",
-                       f"libfabric {check(r_fi, '<=', 1.0)}",
-                       f"UCX {check(r_ucx, '<=', 1.0)}"]
+                cks = [f"TCP {check(primary, '<=', TARGETS['latency_vs_tcp_max'])}",
+                       f"libfabric {check(r_fi, '<=', TARGETS['latency_vs_libfabric_max'])}",
+                       f"UCX {check(r_ucx, '<=', TARGETS['latency_vs_ucx_max'])}"]
                 checks = "; ".join(cks)
-                for name, val, op, tgt in (("raw TCP (paired, p50)", primary, "<=", 1.15),
-                                           ("libfabric tcp (mean)", r_fi, "<=", 1.0),
-                                           ("UCX tcp lo (p50)", r_ucx, "<=", 1.0)):
+                for name, val, op, tgt in (("raw TCP (paired, p50)", primary, "<=", TARGETS["latency_vs_tcp_max"]),
+                                           ("libfabric tcp (mean)", r_fi, "<=", TARGETS["latency_vs_libfabric_max"]),
+                                           ("UCX tcp lo (p50)", r_ucx, "<=", TARGETS["latency_vs_ucx_max"])):
                     targets.append((f"{LABEL[c]}, latency {size_label(size)} vs {name}", val,
                                     check(val, op, tgt)))
             label = LABEL[c]
@@ -448,11 +452,12 @@ def report(dirpath):
             checks = ""
             if c.startswith("peercm"):
                 primary = paired if paired is not None else r_tcp
-                checks = f"TCP {check(primary, '>=', 0.9)}; UCX {check(r_ucx, '>=', 1.0)}"
+                to_tcp, to_ucx = TARGETS["bandwidth_vs_tcp_min"], TARGETS["bandwidth_vs_ucx_min"]
+                checks = f"TCP {check(primary, '>=', to_tcp)}; UCX {check(r_ucx, '>=', to_ucx)}"
                 targets.append((f"{LABEL[c]}, bandwidth {size_label(size)} vs raw TCP (paired)", primary,
-                                check(primary, ">=", 0.9)))
+                                check(primary, ">=", to_tcp)))
                 targets.append((f"{LABEL[c]}, bandwidth {size_label(size)} vs UCX tcp lo", r_ucx,
-                                check(r_ucx, ">=", 1.0)))
+                                check(r_ucx, ">=", to_ucx)))
             md.append(f"| {LABEL[c]} | {size_label(size)} | {fmt(bw)} | "
                       f"{spread(data.values('bw', size, c, 'GBps'))} | {fmt(r_tcp)} | {fmt(paired)} | "
                       f"{fmt(r_ucx)} | {checks} |")
@@ -481,9 +486,10 @@ def report(dirpath):
             r_ucx = ratio(t, tput(ucx_mean)) if c.startswith("peercm") else None
             checks = ""
             if c.startswith("peercm"):
-                checks = f"libfabric {check(r_fi, '>=', 1.0)}"
+                to_fi = TARGETS["pingpong_throughput_vs_libfabric_min"]
+                checks = f"libfabric {check(r_fi, '>=', to_fi)}"
                 targets.append((f"{LABEL[c]}, ping-pong throughput {size_label(size)} vs libfabric tcp",
-                                r_fi, check(r_fi, ">=", 1.0)))
+                                r_fi, check(r_fi, ">=", to_fi)))
             md.append(f"| {LABEL[c]} | {size_label(size)} | {fmt(p50)} | {fmt(mean)} | {fmt(t)} | "
                       f"{fmt(r_tcp)} | {fmt(r_fi)} | {fmt(r_ucx)} | {checks} |")
             plot_rows["pp"].setdefault(c, {})[size] = r_tcp
@@ -507,7 +513,7 @@ def report(dirpath):
                       f"{fmt(ratio(v, b))} | {fmt(paired)} |")
             if c == "cmtime-p2p":
                 targets.append((f"cmtime p2p, {size} connections: connect latency vs TCP (docs/performance.md)",
-                                paired, check(paired, "<=", 2.5)))
+                                paired, check(paired, "<=", TARGETS["cmtime_p2p_connect_vs_tcp_max"])))
     for size in data.sizes("mesh"):
         mesh = data.median("mesh", size, "peercm-mesh", "time_us")
         for c, desc in (("mpi-init", "from the end of MPI_Init (out-of-band fence): all connections"),
