@@ -43,8 +43,12 @@ def main():
     host = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
     start = time.monotonic()
     # Line-buffered stdout: its reports are read as the server writes them.
+    # stdbuf works by preloading a library, ahead of the ASan runtime in the sanitizer build,
+    # whose link-order check would refuse to start.
+    env = dict(os.environ)
+    env["ASAN_OPTIONS"] = ":".join(filter(None, [env.get("ASAN_OPTIONS"), "verify_asan_link_order=0"]))
     server = subprocess.Popen(["stdbuf", "-oL", args.peercm, "ping", "--server", "--bind", host, "--port", "0", "--transport", "roce"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         found, lines = {}, []
 
