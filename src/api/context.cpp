@@ -74,58 +74,30 @@ void ContextImpl::progress(std::chrono::milliseconds max_wait) {
   reactor.run_once(lock, max_wait);
 }
 
-bool ContextImpl::try_progress() {
-  std::unique_lock lock(mutex, std::defer_lock);
-  poll_pass(lock);
-  return lock.owns_lock();
-}
-
 void ContextImpl::poll_pass(std::unique_lock<std::mutex>& lock) {
   if (mode == ProgressMode::inline_) {
     lock.lock();
     reactor.run_once(lock, std::chrono::milliseconds(0));
     return;
   }
-  if (!lock.try_lock()) {
-    // The progress thread is at work: nothing to gain now, but it parks after its round.
-    reactor.note_poller_waiting();
-    return;
-  }
-  reactor.begin_poller_pass();
+  // Counted whether the pass runs or not: a poller that finds the reactor taken (by the
+  // progress thread, at work) parks that thread after its round.
+  reactor.note_application_progress();
+  if (!lock.try_lock()) return;
   reactor.run_once(lock, std::chrono::milliseconds(0));
-  reactor.renew_poller_lease(kPollerLease);
 }
 
-void ContextImpl::poller_will_block() { reactor.end_poller_lease(); }
-
 void ContextImpl::wait_as_poller(int fd, std::chrono::milliseconds max_wait) {
-  std::chrono::milliseconds slice = max_wait;
-  {
-    std::unique_lock lock(mutex, std::try_to_lock);
-    if (!lock.owns_lock()) {
-      poller_will_block();
-      pollfd alone{fd, POLLIN, 0};
-      ::poll(&alone, 1, static_cast<int>(std::min(max_wait, kMaxPollerSlice).count()));
-      return;
-    }
-    // Timers are the reactor's to fire: wake up in time for the next one.
-    if (const auto deadline = reactor.next_deadline()) {
-      const auto until = std::chrono::ceil<std::chrono::milliseconds>(*deadline - engine::Clock::now());
-      slice = std::min(slice, std::max(until, std::chrono::milliseconds(0)));
-    }
+  const std::chrono::milliseconds slice = std::min(max_wait, kMaxPollerSlice);
+  std::unique_lock lock(mutex, std::try_to_lock);
+  if (lock.owns_lock()) {
+    reactor.wait_as_driver(lock, fd, slice);
+    return;
   }
-  slice = std::min(slice, kMaxPollerSlice);
-  reactor.lend_to_poller(slice + kPollerLease);
-  std::array<pollfd, 2> fds{pollfd{fd, POLLIN, 0}, pollfd{reactor.pollable_fd(), POLLIN, 0}};
-  const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(slice.count()));
-  if (ready == 0 || (fds[1].revents & POLLIN)) {
-    // The usual lease again, from a fresh clock reading: the reactor's last may predate the sleep.
-    if (try_progress()) reactor.lend_to_poller(kPollerLease);
-  } else {
-    // Woken by `fd` alone: the caller is about to leave; the lease lent for the whole slice
-    // must not keep the progress thread parked after it.
-    reactor.lend_to_poller(kPollerLease);
-  }
+  // The progress thread is at work: it drives while this thread sleeps on `fd` alone.
+  reactor.hand_back();
+  pollfd alone{fd, POLLIN, 0};
+  ::poll(&alone, 1, static_cast<int>(slice.count()));
 }
 
 }  // namespace detail

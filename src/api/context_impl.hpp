@@ -54,24 +54,14 @@ struct ContextImpl {
   // taken here and left held, so that a completion queue poll takes what the pass completed
   // without locking again. Inline mode waits for the lock. Thread mode: a polling
   // application thread runs the pass itself only when the lock is free, instead of waiting
-  // for the progress thread to wake up, and then renews its lease from the reactor's last
-  // clock reading; `lock` stays unowned when the progress thread held the mutex.
+  // for the progress thread to wake up; either way its activity keeps the progress thread
+  // parked (docs/progress.md). `lock` stays unowned when the mutex was taken.
   void poll_pass(std::unique_lock<std::mutex>& lock);
-  // poll_pass() with a lock of its own; false if the pass did not run.
-  bool try_progress();
-  // A polling thread is about to sleep (arming a CQ, waiting on a channel): progress must
-  // not wait for its lease to run out.
-  void poller_will_block();
-  // Thread mode: sleeps until `fd` is readable or `max_wait` passes, driving progress
-  // itself meanwhile, so that a socket event costs this thread one wake-up rather than
-  // waking the progress thread, which then wakes this one. Falls back to waiting on `fd`
-  // alone while the progress thread is at work.
+  // Thread mode: sleeps until `fd` is readable or `max_wait` passes, as the reactor's driver
+  // (Reactor::wait_as_driver), so that a socket event costs this thread one wake-up rather
+  // than waking the progress thread, which then wakes this one. Sleeps on `fd` alone, and
+  // hands the reactor back to the progress thread, while that thread is at work.
   void wait_as_poller(int fd, std::chrono::milliseconds max_wait);
-  // How long one poll keeps the progress thread parked. The parked thread looks at the lease
-  // less often the longer a poller keeps renewing it (Reactor::kLastParkCheck), so an
-  // application that stops polling and then sleeps on something of its own (not get_event)
-  // delays progress by at most that, 1.6 ms, once.
-  static constexpr std::chrono::microseconds kPollerLease{200};
   // Longest sleep of wait_as_poller() before it looks at the clock and the timers again.
   static constexpr std::chrono::milliseconds kMaxPollerSlice{100};
 

@@ -170,9 +170,6 @@ QpState QueuePair::state() const {
 
 Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   std::lock_guard lock(impl_->context->mutex);
-  // A sender's posts transmit (for as long as a large message fills the socket): work that
-  // keeps a parked progress thread away like a poller's passes.
-  impl_->context->reactor.note_poller_work();
   if (impl_->send_direct && impl_->send_direct(wr)) return {};
   if (impl_->roce_ud) return fail(std::errc::invalid_argument);  // a UD send names its address: roce::post_ud_send
   if (impl_->roce_uc) {

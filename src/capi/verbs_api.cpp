@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "capi/handles.hpp"
+#include "engine/busy_poll.hpp"
 
 namespace peercm::capi {
 namespace {
@@ -381,12 +382,10 @@ int poll_into(ibv_cq* cq, int num_entries, ibv_wc* wc) {
 }  // namespace
 
 void note_poll(ibv_cq* cq, bool found) {
-  thread_local unsigned empty_in_a_row = 0;
-  if (found) {
-    empty_in_a_row = 0;
-    return;
-  }
-  if (++empty_in_a_row % 64 == 0 && cpp_context(cq->context).progress_mode() == ProgressMode::thread)
+  // Spin, then yield: docs/progress.md, "Waiting". Inline contexts never yield: the polling
+  // thread is the one that makes progress.
+  thread_local engine::BusyPollBudget budget;
+  if (budget.should_yield(found) && cpp_context(cq->context).progress_mode() == ProgressMode::thread)
     std::this_thread::yield();
 }
 

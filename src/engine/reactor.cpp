@@ -4,6 +4,7 @@
 #include "engine/reactor.hpp"
 
 #include <sys/epoll.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -17,6 +18,11 @@
 
 namespace peercm::engine {
 namespace {
+
+class SteadyTime final : public TimeSource {
+ public:
+  Clock::time_point now() const override { return Clock::now(); }
+};
 
 // Epoll data of the wake eventfd; registration ids start at 1.
 constexpr std::uint64_t kWakeId = 0;
@@ -41,6 +47,15 @@ class CurrentReactorScope {
  private:
   const Reactor* saved_;
 };
+
+}  // namespace
+
+const TimeSource& steady_time() {
+  static const SteadyTime time;
+  return time;
+}
+
+namespace {
 
 std::errc last_errc() { return static_cast<std::errc>(errno); }
 
@@ -79,7 +94,7 @@ int wait_for_events(int epoll_fd, epoll_event* events, int max_events, std::chro
 
 }  // namespace
 
-Reactor::Reactor(std::mutex& owner_mutex) : owner_(owner_mutex) {
+Reactor::Reactor(std::mutex& owner_mutex, const TimeSource& time) : owner_(owner_mutex), time_(time) {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) throw_errno(errno, "epoll_create1");
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -241,7 +256,7 @@ void Reactor::run_once(std::unique_lock<std::mutex>& lock, std::chrono::millisec
     run_direct_pass();
     // A busy poller makes millions of these passes: no clock read (50 ns on a guest) when
     // no timer can be due.
-    if (!timers_.empty()) dispatch_timers(clock_seen_ = Clock::now());
+    if (!timers_.empty()) dispatch_timers(time_.now());
     return;
   }
   epoll_round(lock, max_wait);
@@ -254,7 +269,7 @@ void Reactor::run_ready(std::unique_lock<std::mutex>& lock) {
 }
 
 void Reactor::epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait) {
-  const Clock::time_point before = Clock::now();
+  const Clock::time_point before = time_.now();
   const std::chrono::nanoseconds timeout =
       wait_timeout(before, max_wait, timers_.empty() ? nullptr : &timers_.begin()->first);
 
@@ -287,7 +302,7 @@ void Reactor::epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milli
     dispatch(*it->second, ev.events);
   }
 
-  dispatch_timers(clock_seen_ = Clock::now());
+  dispatch_timers(time_.now());
 }
 
 void Reactor::dispatch_timers(Clock::time_point now) {
@@ -334,8 +349,7 @@ void Reactor::start_thread() {
       finished = std::move(thread_);
     }
     thread_generation_ = run_generation_.fetch_add(1) + 1;
-    thread_ = std::thread(&Reactor::thread_main, this, thread_generation_,
-                          poller_heartbeat_.load(std::memory_order_relaxed));
+    thread_ = std::thread(&Reactor::thread_main, this, thread_generation_);
   }
   if (finished.joinable()) finished.join();
 }
@@ -358,84 +372,64 @@ void Reactor::stop_thread() {
   thread.join();
 }
 
-void Reactor::thread_main(std::uint64_t generation, std::uint64_t heartbeat) {
+void Reactor::thread_main(std::uint64_t generation) {
   const CurrentReactorScope scope(this);
   std::unique_lock<std::mutex> lock(owner_);
-  // Looks at a poller grow rarer across parks with no round between them (one that left the
-  // park only to wait for the owner mutex held by a busy application thread).
-  Clock::duration park_interval = kFirstParkCheck;
   while (run_generation_.load() == generation) {
-    if (poller_active(heartbeat)) {
+    ProgressHandOff::Look look = hand_off_.look(time_.now());
+    if (look.decision == ProgressHandOff::Decision::park) {
+      // Parked without the owner mutex: the looks need none, and taking it only to look would
+      // queue this thread behind the driving application thread's passes.
       lock.unlock();
-      do park_during_lease(generation, heartbeat, park_interval);
-      while (!take_owner_after_park(lock) && run_generation_.load() == generation);
-      continue;
+      do {
+        park_until(generation, look.look_again);
+        if (run_generation_.load() != generation) return;
+        look = hand_off_.look(time_.now());
+      } while (look.decision == ProgressHandOff::Decision::park);
+      lock.lock();
     }
     run_once(lock, kForever);
-    park_interval = kFirstParkCheck;
   }
 }
 
-// An owner mutex held by an application thread at work is no reason to queue behind it: every
-// unlock would wake this thread only to find it taken again by the next pass (a convoy that
-// cost the poller's CPU thousands of context switches a second). Look again after the next
-// interval instead. A poller that ended its lease is about to let go of it: wait for that.
-bool Reactor::take_owner_after_park(std::unique_lock<std::mutex>& lock) {
-  if (poller_lease_until_.load(std::memory_order_relaxed) == 0) {
-    lock.lock();
-    return true;
-  }
-  return lock.try_lock();
-}
-
-// A poller renews its lease from the clock reading of an earlier round, and a pass that moves
-// a stream's data can outlast the lease that reading gives: a poller in a pass, or one that
-// passed since the last look, is still polling, whatever its lease says. 0: the poller ended
-// its lease.
-bool Reactor::poller_active(std::uint64_t& heartbeat) const {
-  const Clock::rep lease = poller_lease_until_.load(std::memory_order_relaxed);
-  const std::uint64_t beat = poller_heartbeat_.load(std::memory_order_relaxed);
-  const bool passed = beat != heartbeat;
-  heartbeat = beat;
-  if (lease == 0) return false;
-  return passed || (beat & 1) != 0 || lease > Clock::now().time_since_epoch().count();
-}
-
-void Reactor::park_during_lease(std::uint64_t generation, std::uint64_t& heartbeat, Clock::duration& interval) {
+void Reactor::park_until(std::uint64_t generation, Clock::time_point until) {
   std::unique_lock<std::mutex> park(park_mutex_);
-  do {
-    const Clock::time_point until(Clock::duration(poller_lease_until_.load(std::memory_order_relaxed)));
-    // Every wake-up displaces a polling thread from its CPU: while the poller keeps renewing
-    // its lease, look again less and less often.
-    park_cv_.wait_until(park, std::max(until, Clock::now() + interval));
-    interval = std::min(interval * 2, kLastParkCheck);
-  } while (run_generation_.load() == generation && poller_active(heartbeat));
+  park_cv_.wait_until(park, until, [&] {
+    return run_generation_.load() != generation || hand_off_.handed_back_since_look();
+  });
 }
 
-void Reactor::lend_to_poller(Clock::duration lease) {
-  poller_lease_until_.store((Clock::now() + lease).time_since_epoch().count(), std::memory_order_relaxed);
-}
-
-// The heartbeat is written under owner_ only: no read-modify-write needed.
-void Reactor::begin_poller_pass() {
-  poller_heartbeat_.store(poller_heartbeat_.load(std::memory_order_relaxed) | 1, std::memory_order_relaxed);
-}
-
-void Reactor::note_poller_work() {
-  poller_heartbeat_.store(poller_heartbeat_.load(std::memory_order_relaxed) + 2, std::memory_order_relaxed);
-}
-
-void Reactor::note_poller_waiting() { poller_heartbeat_.fetch_add(2, std::memory_order_relaxed); }
-
-void Reactor::renew_poller_lease(Clock::duration lease) {
-  poller_lease_until_.store((clock_seen_ + lease).time_since_epoch().count(), std::memory_order_relaxed);
-  poller_heartbeat_.store((poller_heartbeat_.load(std::memory_order_relaxed) | 1) + 1, std::memory_order_relaxed);
-}
-
-void Reactor::end_poller_lease() {
-  if (poller_lease_until_.exchange(0, std::memory_order_relaxed) == 0) return;
+void Reactor::hand_back() {
+  hand_off_.hand_back();
   const std::lock_guard<std::mutex> park(park_mutex_);
   park_cv_.notify_all();
+}
+
+bool Reactor::wait_as_driver(std::unique_lock<std::mutex>& lock, int fd, std::chrono::milliseconds max_wait) {
+  assert(lock.owns_lock() && lock.mutex() == &owner_);
+  const CurrentReactorScope scope(this);
+  const Clock::time_point before = time_.now();
+  const std::chrono::nanoseconds timeout =
+      wait_timeout(before, max_wait, timers_.empty() ? nullptr : &timers_.begin()->first);
+  // A sleeper like an epoll round's: add_timer() wakes it for an earlier deadline.
+  const Clock::time_point my_deadline = before + std::chrono::duration_cast<Clock::duration>(timeout);
+  const bool first_sleeper = sleepers_.load(std::memory_order_relaxed) == 0;
+  sleep_deadline_ = first_sleeper ? my_deadline : std::max(sleep_deadline_, my_deadline);
+  sleepers_.fetch_add(1, std::memory_order_relaxed);
+  hand_off_.begin_blocking_wait();
+  lock.unlock();
+  std::array<pollfd, 2> fds{pollfd{fd, POLLIN, 0}, pollfd{epoll_fd_, POLLIN, 0}};
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);
+  const timespec ts{.tv_sec = static_cast<time_t>(seconds.count()),
+                    .tv_nsec = static_cast<long>((timeout - seconds).count())};
+  const int ready = ::ppoll(fds.data(), fds.size(), &ts, nullptr);
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  lock.lock();
+  hand_off_.end_blocking_wait();
+  const bool fd_ready = ready > 0 && (fds[0].revents & POLLIN) != 0;
+  // Woken by `fd` alone (the caller's own event): nothing of the reactor's is due.
+  if (!fd_ready || (fds[1].revents & POLLIN) != 0) epoll_round(lock, std::chrono::milliseconds(0));
+  return fd_ready;
 }
 
 bool Reactor::on_reactor_thread() const { return t_current_reactor == this; }

@@ -30,11 +30,18 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/progress_hand_off.hpp"
 #include "peercm/result.hpp"
 
 namespace peercm::engine {
 
-using Clock = std::chrono::steady_clock;
+// Where the reactor reads the time: the steady clock, or a test's virtual clock.
+class TimeSource {
+ public:
+  virtual ~TimeSource() = default;
+  virtual Clock::time_point now() const = 0;
+};
+const TimeSource& steady_time();
 
 class Reactor {
  public:
@@ -44,7 +51,10 @@ class Reactor {
 
   // Creates the epoll instance and the wake-up eventfd. Throws std::system_error if the
   // kernel refuses either (EMFILE, ENOMEM): the only exception this class raises.
-  explicit Reactor(std::mutex& owner_mutex);
+  // `time`: the clock of every timer and wait (a test's virtual clock; the steady clock by
+  // default). It must outlive the reactor. The progress thread parks on the steady clock, so
+  // tests with a virtual clock drive the reactor themselves.
+  explicit Reactor(std::mutex& owner_mutex, const TimeSource& time = steady_time());
   // Stops and joins the progress thread if it still runs, so like stop_thread() it must
   // not be called with the owner mutex held nor on the progress thread.
   ~Reactor();
@@ -95,29 +105,24 @@ class Reactor {
   // the progress thread itself it only requests the stop: the thread ends after the
   // current round and is joined by the next start_thread(), stop_thread() or destructor.
   void stop_thread();
-  // Busy-poll hand-off. An application thread that keeps polling drives the reactor itself
-  // (run_once with no wait); while its lease lasts the progress thread parks instead of
-  // waking for every event only to race the poller for the mutex and the CPU. The lease
-  // ends on its own, or at once when the poller is about to block. Thread-safe.
-  void lend_to_poller(Clock::duration lease);
-  // A poller's pass starts (owner mutex held) and ends: renew_poller_lease() runs the lease
-  // from the reactor's last clock reading instead of a new one. That reading is at most
-  // kEpollEvery - 1 direct passes old, and a pass that moves a stream's data (up to 1 MiB, some
-  // 250 us) outlasts the lease it gives. So a parked progress thread also stays parked while
-  // a pass is under way or one ended since its last look, whatever the lease's clock says.
-  void begin_poller_pass();
-  void renew_poller_lease(Clock::duration lease);
-  // An application thread did work of its own under the owner mutex (posted and transmitted
-  // a work request): while a lease is lent, that keeps a parked progress thread away too.
-  void note_poller_work();
-  // A poller found the owner mutex taken (not held): the progress thread, if that is who
-  // holds it, parks after its round instead of keeping the reactor from the poller.
-  void note_poller_waiting();
-  void end_poller_lease();
-  // When the current lease ends (the epoch when none is lent). Thread-safe.
-  Clock::time_point poller_lease_end() const {
-    return Clock::time_point(Clock::duration(poller_lease_until_.load(std::memory_order_relaxed)));
-  }
+  // Who drives the reactor in thread mode (docs/progress.md, "Who drives progress"): an
+  // application thread that polls or waits in the library drives it itself, and the progress
+  // thread stays parked while one does. Thread-safe, no lock needed.
+  //
+  // An application thread drove a pass, found the reactor taken, or did a poller's work.
+  void note_application_progress() { hand_off_.note_application_progress(); }
+  // The application stops driving and sleeps where the reactor cannot see it: the progress
+  // thread takes over at once.
+  void hand_back();
+  // An application thread sleeps as the reactor's driver: on `fd` and on the reactor's fds at
+  // once, up to `max_wait` or the next timer (to the nanosecond), the owner mutex released
+  // meanwhile. The progress thread stays parked throughout. Then, unless `fd` alone ended the
+  // sleep, one round that asks epoll without waiting. `lock` owns the owner mutex on entry and
+  // on return. Returns whether `fd` is readable.
+  bool wait_as_driver(std::unique_lock<std::mutex>& lock, int fd, std::chrono::milliseconds max_wait);
+  const ProgressHandOff& hand_off() const { return hand_off_; }
+  // The reactor's clock: every deadline it keeps is on it.
+  Clock::time_point now() const { return time_.now(); }
 
   // True on the progress thread, and inside run_once() on the thread calling it.
   bool on_reactor_thread() const;
@@ -155,21 +160,14 @@ class Reactor {
   using TimerQueue = std::multimap<Clock::time_point, Timer>;
 
   void dispatch_timers(Clock::time_point now);
-  // `heartbeat`: poller_heartbeat_ when the thread was started.
-  void thread_main(std::uint64_t generation, std::uint64_t heartbeat);
-  // Whether a poller drives the reactor: it has not ended its lease, and the lease is not over
-  // by the clock, a pass is under way, or one started or ended since `heartbeat` (updated).
-  bool poller_active(std::uint64_t& heartbeat) const;
-  // Progress thread after a park: takes the owner mutex, unless an application thread holds it
-  // while its lease lasts (false).
-  bool take_owner_after_park(std::unique_lock<std::mutex>& lock);
-  // Progress thread, owner mutex NOT held: sleeps while a poller is active, looking again
-  // after `interval`, then at doubling intervals (the last one is left in `interval`).
-  void park_during_lease(std::uint64_t generation, std::uint64_t& heartbeat, Clock::duration& interval);
+  void thread_main(std::uint64_t generation);
+  // Progress thread, owner mutex NOT held: sleeps until `until`, a hand_back() or a stop.
+  void park_until(std::uint64_t generation, Clock::time_point until);
   // epoll_wait up to `max_wait` (the mutex released), then the ready fds and due timers.
   void epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait);
 
   std::mutex& owner_;
+  const TimeSource& time_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
 
@@ -184,8 +182,6 @@ class Reactor {
   unsigned dispatch_depth_ = 0;
   std::vector<std::shared_ptr<Registration>> retired_;
   unsigned poller_passes_ = 0;
-  // The latest Clock::now() a round took (guarded by owner_): renew_poller_lease() uses it.
-  Clock::time_point clock_seen_{};
 
   // Guarded by owner_. Ordered by deadline (ties: insertion order); index for cancel.
   TimerId next_timer_id_ = 1;
@@ -207,18 +203,8 @@ class Reactor {
   std::uint64_t thread_generation_ = 0;
   std::atomic<std::uint64_t> run_generation_{0};
 
-  // End of the current poller lease (Clock ticks since its epoch; 0: none). The park
-  // mutex only pairs the progress thread's sleep with end_poller_lease() and stop_thread().
-  std::atomic<Clock::rep> poller_lease_until_{0};
-  // Poller passes: odd while one is under way, moved by every start and end (written under
-  // owner_, read by the parked thread), and by a poller that found owner_ taken (a relaxed
-  // add outside owner_: a store under owner_ may overwrite it, which only loses one signal).
-  std::atomic<std::uint64_t> poller_heartbeat_{0};
-  // A parked progress thread checks the lease after kFirstParkCheck, then at doubling
-  // intervals up to kLastParkCheck: the longest it stays away after a poller stops polling
-  // without blocking (end_poller_lease() wakes it at once).
-  static constexpr Clock::duration kFirstParkCheck = std::chrono::microseconds(200);
-  static constexpr Clock::duration kLastParkCheck = std::chrono::microseconds(1600);
+  ProgressHandOff hand_off_;
+  // Pairs the parked progress thread's sleep with hand_back() and stop_thread().
   std::mutex park_mutex_;
   std::condition_variable park_cv_;
 };

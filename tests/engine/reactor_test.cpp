@@ -6,6 +6,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
@@ -47,10 +48,12 @@ struct Pipe {
     const char byte = 'x';
     EXPECT_EQ(::write(w, &byte, 1), 1);
   }
-  void drain() const {
+  // Whether there was anything to read.
+  bool drain() const {
     char buf[64];
-    while (::read(r, buf, sizeof buf) > 0) {
-    }
+    bool any = false;
+    while (::read(r, buf, sizeof buf) > 0) any = true;
+    return any;
   }
   void close_read() {
     if (r >= 0) ::close(r);
@@ -451,27 +454,6 @@ TEST_F(ReactorTest, RunReadyAsksEpollWhereAPollerPassWouldNot) {
   reactor.remove(other.r);
 }
 
-// A poller renews its lease on every pass without a clock reading of its own: the lease runs
-// from the last round that read the clock, so it is never longer than a fresh one, and a
-// poller back after a pause renews nothing until a round has read the clock again.
-TEST_F(ReactorTest, PollerLeaseRenewalRunsFromTheLastRoundsClockReading) {
-  constexpr auto kLease = 200us;
-  const Clock::time_point before_round = Clock::now();
-  reactor.run_ready(lock);  // reads the clock
-  const Clock::time_point after_round = Clock::now();
-  reactor.renew_poller_lease(kLease);
-  EXPECT_GE(reactor.poller_lease_end(), before_round + kLease);
-  EXPECT_LE(reactor.poller_lease_end(), after_round + kLease);
-
-  std::this_thread::sleep_for(2 * kLease);
-  reactor.renew_poller_lease(kLease);  // no round since: the lease is over already
-  EXPECT_LT(reactor.poller_lease_end(), Clock::now());
-  reactor.run_ready(lock);
-  reactor.renew_poller_lease(kLease);
-  EXPECT_GT(reactor.poller_lease_end(), Clock::now());
-  reactor.end_poller_lease();
-}
-
 TEST_F(ReactorTest, OtherFdsAndTimersStillRunDuringDirectPasses) {
   Pipe direct, other;
   ASSERT_TRUE(reactor.add(direct.r, kIn, [&](std::uint32_t) { direct.drain(); }));
@@ -686,139 +668,159 @@ TEST_F(ReactorTest, ProgressThreadRunsCallbacksAndStopsCleanly) {
   reactor.remove(p.r);
 }
 
-// The busy-poll hand-off: a progress thread parked on a poller's lease leaves a ready fd to
-// the poller for as long as the lease is renewed.
-TEST_F(ReactorTest, ParkedProgressThreadLeavesReadyFdsAloneWhileTheLeaseIsRenewed) {
-  Pipe p;
-  std::atomic<bool> handled{false};
-  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
-    p.drain();
-    handled = true;
-  }));
-  reactor.lend_to_poller(1s);  // the thread parks in its first round
-  reactor.start_thread();
-  lock.unlock();
-  p.put();
-  // A poller that renews generously (an oversleeping machine must not let the lease lapse)
-  // and never runs the reactor itself.
-  const auto renew_until = Clock::now() + 50ms;
-  while (Clock::now() < renew_until) {
-    reactor.lend_to_poller(1s);
-    std::this_thread::sleep_for(1ms);
+// --- who drives: the progress thread and application threads (docs/progress.md) ----------
+// The hand-off's decisions are tested in virtual time (progress_hand_off_test.cpp); these
+// test the threads that act on them, with loose bounds.
+
+// Where the pipe's callback ran.
+struct DispatchLog {
+  std::mutex mutex;
+  std::vector<std::thread::id> threads;
+  void add() {
+    const std::lock_guard<std::mutex> guard(mutex);
+    threads.push_back(std::this_thread::get_id());
   }
-  EXPECT_FALSE(handled.load());
-  reactor.end_poller_lease();  // the poller is about to block: the thread takes over at once
-  const auto deadline = Clock::now() + 2s;
-  while (!handled.load() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  EXPECT_TRUE(handled.load());
-  lock.lock();
-  reactor.remove(p.r);
-}
-
-// A poller that stops renewing without saying so: the parked thread, which looks at the lease
-// less often the longer the poller keeps it, takes over within kLastParkCheck of the lease's
-// end. 250 ms of renewals: checks that kept doubling from 200 us without bound would come at
-// about 205 and 410 ms, so the takeover would wait some 160 ms.
-TEST_F(ReactorTest, ParkedProgressThreadTakesOverSoonAfterThePollerStopsRenewing) {
-  Pipe p;
-  std::atomic<Clock::rep> handled_at{0};  // 0: not yet
-  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
-    p.drain();
-    handled_at = Clock::now().time_since_epoch().count();
-  }));
-  constexpr auto kLease = std::chrono::microseconds(200);
-  reactor.lend_to_poller(kLease);
-  reactor.start_thread();
-  lock.unlock();
-  const auto renew_until = Clock::now() + 250ms;
-  while (Clock::now() < renew_until) {
-    reactor.lend_to_poller(kLease);
-    std::this_thread::yield();
+  std::size_t count() {
+    const std::lock_guard<std::mutex> guard(mutex);
+    return threads.size();
   }
-  p.put();
-  const auto lease_end = Clock::now() + kLease;
-  const auto deadline = Clock::now() + 2s;
-  while (handled_at.load() == 0 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  ASSERT_NE(handled_at.load(), 0);
-  EXPECT_LT(Clock::time_point(Clock::duration(handled_at.load())) - lease_end, 100ms);  // loose: the bound is 1.6 ms
-  lock.lock();
-  reactor.remove(p.r);
+  std::size_t on(std::thread::id thread) {
+    const std::lock_guard<std::mutex> guard(mutex);
+    return static_cast<std::size_t>(std::count(threads.begin(), threads.end(), thread));
+  }
+};
+
+template <class Pred>
+bool wait_for(Pred done, std::chrono::milliseconds limit = 2000ms) {
+  const auto end = Clock::now() + limit;
+  while (!done()) {
+    if (Clock::now() > end) return false;
+    std::this_thread::sleep_for(100us);
+  }
+  return true;
 }
 
-// A lease already over by the clock, a ready fd, and one `beat` (owner mutex held) right
-// after the progress thread starts: the thread parks on the beat and looks again after
-// kFirstParkCheck (200 us), finds no beat since and takes the fd. Without the heartbeat it
-// took the fd at once. One-sided: a loaded machine only makes the thread later.
-template <class Beat>
-void ExpectOneLookOfParkAfterABeat(Reactor& reactor, std::unique_lock<std::mutex>& lock, Beat beat) {
+// An application thread polls (passes of its own): the progress thread parks rather than
+// racing it for the pipe, then takes over once the polling stops, unannounced or handed back.
+void PollThenStop(Reactor& reactor, std::unique_lock<std::mutex>& lock, bool hand_back) {
   Pipe p;
-  std::atomic<Clock::rep> handled_at{0};  // 0: not yet
+  DispatchLog log;
+  // Two threads woken for the same byte: only the one that reads it counts.
   ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
-    p.drain();
-    handled_at = Clock::now().time_since_epoch().count();
+    if (p.drain()) log.add();
   }));
-  reactor.run_ready(lock);  // the clock reading a renewal runs from: over by a lease's length
-  std::this_thread::sleep_for(1ms);
-  reactor.lend_to_poller(-1ms);
-  reactor.start_thread();  // it waits for the owner mutex, held here
-  beat();
-  p.put();
-  const Clock::time_point released = Clock::now();
+  reactor.note_application_progress();
+  reactor.start_thread();  // its first look, once it has the mutex, sees the activity: it parks
   lock.unlock();
-  const auto deadline = Clock::now() + 2s;
-  while (handled_at.load() == 0 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  const auto poll_until = Clock::now() + 30ms;
+  std::size_t puts = 0;
+  while (Clock::now() < poll_until) {
+    if (log.count() == puts) {
+      p.put();
+      ++puts;
+    }
+    reactor.note_application_progress();
+    lock.lock();
+    reactor.run_once(lock, 0ms);
+    lock.unlock();
+  }
+  ASSERT_TRUE(wait_for([&] { return log.count() == puts; }));
+  EXPECT_GT(reactor.hand_off().parked_looks(), 0u);
+  // Loose: a loaded machine may keep this thread off the CPU past an interval, and the
+  // progress thread then rightly takes a message over.
+  EXPECT_GE(log.on(std::this_thread::get_id()), puts / 2) << "the progress thread raced the poller";
+  if (hand_back) reactor.hand_back();
+  p.put();
+  EXPECT_TRUE(wait_for([&] { return log.count() == puts + 1; })) << "nobody took over from the poller";
+  {
+    const std::lock_guard<std::mutex> guard(log.mutex);
+    EXPECT_NE(log.threads.back(), std::this_thread::get_id());
+  }
   lock.lock();
   reactor.remove(p.r);
-  ASSERT_NE(handled_at.load(), 0) << "no beat since the look: the thread takes over";
-  EXPECT_GE(Clock::time_point(Clock::duration(handled_at.load())) - released, 190us)
-      << "the thread took the fd without a look after the beat";
 }
 
-// A poller renews its lease from its reactor's last clock reading, which may be up to
-// kEpollEvery - 1 passes old; passes that move a stream's data (up to 1 MiB each) outlast the
-// lease that reading gives. A renewal counts though the lease it gives is over.
-TEST_F(ReactorTest, PollerRenewalFromAnOldClockReadingParksTheProgressThread) {
-  ExpectOneLookOfParkAfterABeat(reactor, lock, [&] { reactor.renew_poller_lease(200us); });
+TEST_F(ReactorTest, ProgressThreadParksWhileAnApplicationThreadPollsAndTakesOverWhenItStops) {
+  PollThenStop(reactor, lock, false);
 }
 
-// A sender's posts that transmit (note_poller_work) count as work like a poller's passes.
-TEST_F(ReactorTest, ApplicationWorkParksTheProgressThread) {
-  ExpectOneLookOfParkAfterABeat(reactor, lock, [&] { reactor.note_poller_work(); });
-}
+TEST_F(ReactorTest, ProgressThreadTakesOverWhenThePollerHandsBack) { PollThenStop(reactor, lock, true); }
 
-// A poller that found the owner mutex taken (by the progress thread, at work) says so: the
-// thread parks after its round.
-TEST_F(ReactorTest, PollerWaitingForTheOwnerMutexParksTheProgressThread) {
-  ExpectOneLookOfParkAfterABeat(reactor, lock, [&] { reactor.note_poller_waiting(); });
-}
-
-// A pass under way keeps the parked thread away, though the lease its last renewal gave ran
-// out long before (a stream's pass of 1 MiB takes some 250 us, past the first look at 200 us;
-// here 30 ms, the owner mutex released mid-pass as an epoll round does). When the pass ends,
-// the thread takes over at its next look.
-TEST_F(ReactorTest, ParkedProgressThreadStaysParkedWhileAPollerPassIsUnderWay) {
-  Pipe p;
-  std::atomic<bool> handled{false};
+// CompletionChannel::get_event: an application thread sleeps on the reactor and drives it; the
+// progress thread, started while it sleeps, stays parked, so the waiter takes the pipe itself
+// and is woken once for it.
+TEST_F(ReactorTest, BlockingWaiterDrivesTheReactorWhileTheProgressThreadStaysParked) {
+  Pipe p, own;
+  DispatchLog log;
+  // Two threads woken for the same byte: only the one that reads it counts.
   ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
-    p.drain();
-    handled = true;
+    if (p.drain()) log.add();
   }));
-  reactor.run_ready(lock);
-  reactor.lend_to_poller(2ms);
+  lock.unlock();
+  std::thread::id waiter_id;
+  bool own_ready = true;
+  std::thread waiter([&] {
+    waiter_id = std::this_thread::get_id();
+    std::unique_lock<std::mutex> waiter_lock(mu);
+    own_ready = reactor.wait_as_driver(waiter_lock, own.r, 2000ms);
+  });
+  ASSERT_TRUE(wait_for([&] { return reactor.sleeping_threads() == 1; }));
   reactor.start_thread();
-  reactor.begin_poller_pass();
+  ASSERT_TRUE(wait_for([&] { return reactor.hand_off().parked_looks() > 0; }));
   p.put();
-  lock.unlock();
-  std::this_thread::sleep_for(30ms);
-  EXPECT_FALSE(handled.load()) << "the progress thread took the ready fd from a pass under way";
-  lock.lock();
-  reactor.renew_poller_lease(200us);  // the pass ends; its lease runs from the old reading
-  lock.unlock();
-  const auto deadline = Clock::now() + 2s;
-  while (!handled.load() && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
-  EXPECT_TRUE(handled.load());
+  waiter.join();
+  EXPECT_FALSE(own_ready);
+  ASSERT_EQ(log.count(), 1u);
+  EXPECT_EQ(log.on(waiter_id), 1u) << "the parked progress thread took the waiter's event";
   lock.lock();
   reactor.remove(p.r);
+}
+
+TEST_F(ReactorTest, WaitAsDriverReturnsAtOnceOnItsOwnFdWithoutARound) {
+  Pipe own;
+  own.put();
+  const auto t0 = Clock::now();
+  EXPECT_TRUE(reactor.wait_as_driver(lock, own.r, 2000ms));
+  EXPECT_LT(Clock::now() - t0, 1000ms);
+  EXPECT_TRUE(lock.owns_lock());
+}
+
+TEST_F(ReactorTest, WaitAsDriverEndsAtTheNextTimerAndFiresIt) {
+  Pipe own;
+  bool fired = false;
+  const auto deadline = Clock::now() + 300us;
+  reactor.add_timer(deadline, [&] { fired = true; });
+  EXPECT_FALSE(reactor.wait_as_driver(lock, own.r, 2000ms));
+  EXPECT_TRUE(fired);
+  EXPECT_GE(Clock::now(), deadline);
+}
+
+// A timer added by another thread while the driver sleeps, earlier than the sleep's end,
+// wakes it (as it wakes a progress thread asleep in epoll).
+TEST_F(ReactorTest, TimerAddedDuringAWaitAsDriverWakesTheWaiter) {
+  Pipe own;
+  bool fired = false;
+  std::thread adder([&] {
+    ASSERT_TRUE(wait_for([&] { return reactor.sleeping_threads() == 1; }));
+    const std::lock_guard<std::mutex> guard(mu);
+    reactor.add_timer(Clock::now() + 1ms, [&] { fired = true; });
+  });
+  const auto t0 = Clock::now();
+  while (!fired && Clock::now() - t0 < 1500ms) reactor.wait_as_driver(lock, own.r, 2000ms);
+  adder.join();
+  EXPECT_TRUE(fired);
+  EXPECT_LT(Clock::now() - t0, 1500ms) << "the waiter slept through the new timer";
+}
+
+TEST_F(ReactorTest, StopThreadEndsAParkedProgressThreadAtOnce) {
+  reactor.note_application_progress();
+  reactor.start_thread();
+  lock.unlock();
+  ASSERT_TRUE(wait_for([&] { return reactor.hand_off().parked_looks() > 0; }));
+  const auto t0 = Clock::now();
+  reactor.stop_thread();
+  EXPECT_LT(Clock::now() - t0, 1000ms);
+  lock.lock();
 }
 
 TEST_F(ReactorTest, EarlierTimerWakesTheSleepingProgressThread) {

@@ -215,11 +215,7 @@ Endpoint::Endpoint(Device& device, std::unique_ptr<CmId> id, const EndpointConfi
     : device_(device),
       stash_(stash),
       wait_(config.wait),
-      // Yielding at once lets the progress threads run; the hybrid policy spins first so
-      // that a quick reply costs no sleep.
-      spin_(device.context->progress_mode() == ProgressMode::thread && config.wait != WaitPolicy::hybrid
-                ? std::chrono::microseconds(0)
-                : kSpinBeforeYield),
+      spin_(kSpinBeforeYield),
       id_(std::move(id)) {
   auto pd = ProtectionDomain::allocate(*device.context);
   if (!pd) throw_errc("ProtectionDomain::allocate", pd.error());
@@ -331,7 +327,7 @@ WorkCompletion Endpoint::wait_completion(std::chrono::milliseconds timeout) {
     if (wait_ == WaitPolicy::block) {
       if (Clock::now() >= deadline) break;
       if (sleep_until_completion(deadline, one) == 1) return wc;
-    } else if (++idle_polls % 64 == 0) {
+    } else if (++idle_polls % engine::BusyPollBudget::kCheckEvery == 0) {
       const auto now = Clock::now();
       if (now >= deadline) break;
       if (idle(start, now, deadline, one) == 1) return wc;

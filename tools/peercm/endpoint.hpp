@@ -19,6 +19,7 @@
 #include <system_error>
 #include <vector>
 
+#include "engine/busy_poll.hpp"
 #include "peercm/cm.hpp"
 #include "peercm/verbs.hpp"
 
@@ -28,11 +29,10 @@ using Clock = std::chrono::steady_clock;
 
 // Every wait for a peer (CM event, completion, socket) gives up after this long.
 inline constexpr std::chrono::milliseconds kWaitTimeout{10000};
-// Busy polls spin this long without a completion before they start yielding the CPU
-// (inline progress: the polling thread is the one that makes progress, and a yield on a
-// loaded machine can cost milliseconds). With progress threads, polls yield at once every
-// few dozen empty polls so that the progress threads get a CPU on small machines.
-inline constexpr std::chrono::microseconds kSpinBeforeYield{50};
+// Busy polls spin this long without a completion before they start yielding the CPU every
+// engine::BusyPollBudget::kCheckEvery empty polls (docs/progress.md, "Waiting"), or with the
+// hybrid policy sleeping.
+inline constexpr std::chrono::microseconds kSpinBeforeYield = engine::BusyPollBudget::kSpin;
 
 // A fatal error of a run: the subcommand prints it and exits non-zero.
 struct ToolError : std::runtime_error {

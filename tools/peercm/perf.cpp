@@ -871,7 +871,7 @@ void add_perf(CLI::App& app) {
       ->check(CLI::Range(0.0, 0.5));
   cmd->add_option("--spin-us", o->spin_us,
                   "Idle busy polls spin this long before yielding the CPU or, with --wait hybrid, "
-                  "sleeping (-1: 0 with progress threads, 50 inline or hybrid)");
+                  "sleeping (-1: the default, 50)");
   cmd->add_option("--wait", o->wait,
                   "poll: busy-poll the CQ (perftest style); block: sleep on the completion channel; "
                   "hybrid: busy-poll for the spin budget, then sleep")
