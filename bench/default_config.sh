@@ -9,10 +9,12 @@
 # Each repetition runs the contenders of one row back to back, in an order that rotates
 # every repetition. Nothing is pinned.
 #
-#   bench/default_config.sh [--reps N] [--stream-reps M] [--iters I] [--no-hog] [--out DIR]
+#   bench/default_config.sh [--reps N] [--stream-reps M] [--iters I] [--no-hog] [--waits] [--out DIR]
 #     --reps N         latency repetitions per row (default 20)
 #     --stream-reps M  stream repetitions per row (default 7)
 #     --iters I        round trips per latency run, every tool (default 10000)
+#     --waits          also peercm perf --wait block and --wait hybrid in the latency rows
+#                      (contenders peercm-block, peercm-hybrid; the default is --wait poll)
 #     PEERCM=path      the peercm binary (default build/release/tools/peercm/peercm)
 #
 # Prints per row the median and the worst run of every contender (latency: the mean one-way
@@ -22,13 +24,14 @@
 # Writes every sample to DIR/samples.csv (default: a temporary folder, printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-reps=20 stream_reps=7 iters=10000 hog=1 out=
+reps=20 stream_reps=7 iters=10000 hog=1 waits=0 out=
 while (($#)); do
   case $1 in
     --reps) reps=$2; shift 2 ;;
     --stream-reps) stream_reps=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --no-hog) hog=0; shift ;;
+    --waits) waits=1; shift ;;
     --out) out=$2; shift 2 ;;
     *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
   esac
@@ -55,18 +58,20 @@ wait_listen() {  # port pid
 }
 record() { echo "$1,$2,$3,$4,$5" >>"$samples"; }
 
-peercm_run() {  # row rep op mode size crc
-  local row=$1 rep=$2 op=$3 mode=$4 size=$5 crc=$6 port log spid args=()
+peercm_run() {  # row rep op mode size crc [wait]
+  local row=$1 rep=$2 op=$3 mode=$4 size=$5 crc=$6 wait=${7:-} port log spid args=() name=peercm
   port=$(free_port)
-  log=$out/logs/$row-$rep-peercm
+  [[ -n $wait ]] && name=peercm-$wait
+  log=$out/logs/$row-$rep-$name
   [[ $mode == lat ]] && args=(--iters "$iters") || args=(--iters 2000)
   [[ $crc == default ]] || args+=(--crc "$crc")
-  timeout 120 "$peercm" perf --server --bind 127.0.0.1 --port "$port" --once >"$log.server" 2>&1 &
+  [[ -n $wait ]] && args+=(--wait "$wait")
+  timeout 120 "$peercm" perf --server --bind 127.0.0.1 --port "$port" --once ${wait:+--wait "$wait"} >"$log.server" 2>&1 &
   spid=$!
   wait_listen "$port" "$spid" || { echo "default_config: peercm server failed: $log.server" >&2; return 1; }
   if timeout 120 "$peercm" perf --client 127.0.0.1 --port "$port" --op "$op" --mode "$mode" \
       --size "$size" --json "${args[@]}" >"$log" 2>&1; then
-    python3 - "$log" <<'EOF' | { IFS=, read -r mean median; record "$row" "$rep" peercm "$mean" "$median"; }
+    python3 - "$log" <<'EOF' | { IFS=, read -r mean median; record "$row" "$rep" "$name" "$mean" "$median"; }
 import json, sys
 d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 if d["mode"] == "bw":  # MB/s -> GB/s, as UCX's row
@@ -76,7 +81,7 @@ else:
     print(f"{det['average']},{det['median']}")
 EOF
   else
-    echo "default_config: peercm $row failed: $log" >&2
+    echo "default_config: $name $row failed: $log" >&2
   fi
   wait "$spid" 2>/dev/null || true
 }
@@ -140,12 +145,14 @@ rotate() {  # rep items... -> the items rotated by rep
 }
 
 latency_rows() {  # suffix
-  local size rep who
+  local size rep who contenders=(peercm libfabric ucx)
+  ((waits)) && contenders+=(peercm-block peercm-hybrid)
   for size in 8 64; do
     for ((rep = 0; rep < reps; rep++)); do
-      for who in $(rotate "$rep" peercm libfabric ucx); do
+      for who in $(rotate "$rep" "${contenders[@]}"); do
         case $who in
           peercm) peercm_run "lat$size$1" "$rep" send lat "$size" default ;;
+          peercm-*) peercm_run "lat$size$1" "$rep" send lat "$size" default "${who#peercm-}" ;;
           libfabric) fi_run "lat$size$1" "$rep" "$size" ;;
           ucx) ucx_run "lat$size$1" "$rep" tag_lat "$size" ;;
         esac

@@ -5,7 +5,7 @@
 # TCP; peercm mesh against the first MPI_Alltoall of Open MPI over its TCP BTL).
 #
 #   bench/side_by_side.sh [--reps N] [--out DIR] [--bw-mib M] [--connections C] [--ranks R]
-#                         [--port-base P] [--no-mpi] [--no-netns] [--no-pin] [--profile]
+#                         [--port-base P] [--no-mpi] [--no-netns] [--pin] [--profile]
 #
 #   --reps N         repetitions of the whole matrix (default 5); medians over them
 #   --out DIR        output folder (default build/bench-side-by-side/<timestamp>)
@@ -15,16 +15,13 @@
 #   --port-base P    first of the fixed ports of the tool servers (default 47600; the next
 #                    free block of 4 is taken if one is busy)
 #   --no-mpi         skip the Open MPI row;  --no-netns: skip UCX's multi-rail row
-#   --no-pin         leave the busy-polling contenders unpinned. By default each end of a
-#                    busy-polling latency or ping-pong run keeps to its own CPU, as perftest
-#                    is run under taskset: peercm perf --pin, fi_pingpong and ucx_perftest
-#                    under taskset (server on the first allowed CPU, client on the second).
-#                    On 2 shared cores the scheduler otherwise leaves both pollers on one
-#                    core in some runs (100 us and more per message). peercm's TCP baseline
-#                    is pinned the same way (peercm perf --pin), and measured once more with
-#                    both ends on one CPU (a row of its own): left to the scheduler, its two
-#                    blocking threads share a CPU in some runs and not in others. sockperf
-#                    and iperf3 stay unpinned.
+#   --pin            pin the busy-polling contenders, for exploring (the default leaves them
+#                    unpinned, the configuration a user gets): each end of a busy-polling
+#                    latency or ping-pong run keeps to its own CPU, as perftest is run under
+#                    taskset: peercm perf --pin, fi_pingpong and ucx_perftest under taskset
+#                    (server on the first allowed CPU, client on the second). peercm's TCP
+#                    baseline is pinned the same way, and measured once more with both ends
+#                    on one CPU (a row of its own). sockperf and iperf3 stay unpinned.
 #   --profile        also count system calls per message (strace -f) of peercm, its TCP
 #                    baseline, fi_pingpong and ucx_perftest: DIR/profile.md, in results.md
 #   PEERCM=path      use this peercm binary and skip the build (development)
@@ -54,7 +51,7 @@ ranks=8
 port_base=47600
 use_mpi=1
 use_netns=1
-use_pin=1
+use_pin=0
 profile=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
@@ -67,7 +64,7 @@ while (($#)); do
     --port-base) port_base=$2; shift 2 ;;
     --no-mpi) use_mpi=0; shift ;;
     --no-netns) use_netns=0; shift ;;
-    --no-pin) use_pin=0; shift ;;
+    --pin) use_pin=1; shift ;;
     --profile) profile=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "side_by_side: unknown argument $1" >&2; usage >&2; exit 2 ;;
@@ -85,7 +82,7 @@ index=$out/index.tsv
 printf 'rep\tseq\tkind\tlog\tgroup\tsize\tcontender\tkeep\n' >"$index"
 echo "seq,rep,group,size,contender,seconds" >"$out/times.csv"
 report=(python3 "$root/bench/side_by_side_report.py")
-# --no-pin: the CPUs the two ends of a busy-polling run keep to (taskset prefixes).
+# --pin: the CPUs the two ends of a busy-polling run keep to (taskset prefixes).
 server_pin=() client_pin=() peercm_pin=()
 if ((use_pin)); then
   read -r cpu_a cpu_b < <(python3 -c 'import os; c = sorted(os.sched_getaffinity(0)); print(c[0], c[1 % len(c)])')
@@ -223,7 +220,7 @@ bw_iters() { echo $(((bw_mib << 20) / $1)); }
     "sockperf $(sockperf --version 2>&1 | sed -n 's/.*version \([0-9.]*\).*/\1/p' | head -1);" \
     "iperf3 $(iperf3 --version | sed -n '1s/^iperf \([0-9.]*\).*/\1/p');" \
     "Open MPI $(mpirun --version 2>/dev/null | sed -n '1s/.*) //p')."
-  echo "Command: bench/side_by_side.sh --reps $reps --bw-mib $bw_mib --connections $connections --ranks $ranks$( ((use_pin)) || echo ' --no-pin')."
+  echo "Command: bench/side_by_side.sh --reps $reps --bw-mib $bw_mib --connections $connections --ranks $ranks$( ((use_pin)) && echo ' --pin')."
   if ((use_pin)); then
     echo "Pinning: busy-polling ends on their own CPUs (peercm perf --pin, its TCP baseline too; fi_pingpong and ucx_perftest server on CPU $cpu_a, client on CPU $cpu_b); sockperf and iperf3 unpinned."
   fi
