@@ -335,18 +335,30 @@ TEST_F(ReactorTest, CallbacksCanAddFdsAndTimers) {
 
 // --- timers ------------------------------------------------------------------------------
 
-TEST_F(ReactorTest, TimersFireInDeadlineOrderFifoOnTiesAndNeverEarly) {
-  const auto t0 = Clock::now();
-  struct Fired {
-    int tag;
-    Clock::time_point deadline;
-    Clock::time_point at;
-  };
-  std::vector<Fired> fired;
+// A reactor on a virtual clock: rounds that do not wait, at times the test sets.
+class ManualTime final : public TimeSource {
+ public:
+  Clock::time_point now() const override { return now_; }
+  void advance(Clock::duration by) { now_ += by; }
+
+ private:
+  Clock::time_point now_{std::chrono::hours(1)};
+};
+
+class VirtualTimeReactorTest : public ::testing::Test {
+ protected:
+  void TearDown() override { EXPECT_EQ(reactor.pending_timers(), 0u); }
+  ManualTime time;
+  std::mutex mu;
+  Reactor reactor{mu, time};
+  std::unique_lock<std::mutex> lock{mu};
+};
+
+TEST_F(VirtualTimeReactorTest, TimersFireInDeadlineOrderFifoOnTiesAndNeverEarly) {
+  const auto t0 = time.now();
+  std::vector<int> fired;
   auto arm = [&](int tag, std::chrono::microseconds offset) {
-    const auto deadline = t0 + offset;
-    return reactor.add_timer(deadline,
-                             [&fired, tag, deadline] { fired.push_back({tag, deadline, Clock::now()}); });
+    return reactor.add_timer(t0 + offset, [&fired, tag] { fired.push_back(tag); });
   };
   const auto id30 = arm(30, 15ms);
   const auto id10 = arm(10, 5ms);
@@ -357,13 +369,34 @@ TEST_F(ReactorTest, TimersFireInDeadlineOrderFifoOnTiesAndNeverEarly) {
   EXPECT_EQ(reactor.pending_timers(), 5u);
   for (auto id : {id10, id20, id11, id5}) EXPECT_NE(id, id30);
 
-  EXPECT_TRUE(run_until([&] { return fired.size() == 5; }));
-  ASSERT_EQ(fired.size(), 5u);
-  const int expected[] = {5, 10, 11, 20, 30};
-  for (std::size_t i = 0; i < fired.size(); ++i) {
-    EXPECT_EQ(fired[i].tag, expected[i]);
-    EXPECT_GE(fired[i].at, fired[i].deadline) << "timer " << fired[i].tag << " fired early";
-  }
+  EXPECT_EQ(reactor.next_deadline(), t0 + 1500us);
+  time.advance(1499us);
+  reactor.run_once(lock, 0ms);
+  EXPECT_TRUE(fired.empty()) << "a timer fired early";
+  time.advance(1us);
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(fired, (std::vector<int>{5}));
+  time.advance(8500us);  // t0 + 10 ms: three due at once, in deadline order, FIFO on the tie
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(fired, (std::vector<int>{5, 10, 11, 20}));
+  time.advance(5ms);
+  reactor.run_once(lock, 0ms);
+  EXPECT_EQ(fired, (std::vector<int>{5, 10, 11, 20, 30}));
+}
+
+TEST_F(VirtualTimeReactorTest, CancelledTimerNeverFires) {
+  bool cancelled_fired = false;
+  bool kept_fired = false;
+  const auto cancelled = reactor.add_timer(time.now() + 2ms, [&] { cancelled_fired = true; });
+  reactor.add_timer(time.now() + 5ms, [&] { kept_fired = true; });
+  reactor.cancel_timer(cancelled);
+  reactor.cancel_timer(cancelled);  // twice: no-op
+  reactor.cancel_timer(0);          // never issued: no-op
+  EXPECT_EQ(reactor.pending_timers(), 1u);
+  time.advance(5ms);
+  reactor.run_once(lock, 0ms);
+  EXPECT_TRUE(kept_fired);
+  EXPECT_FALSE(cancelled_fired);
 }
 
 TEST_F(ReactorTest, SubMillisecondDeadlinesFireInOneRoundNeverEarly) {
@@ -534,20 +567,6 @@ TEST_F(ReactorTest, MaxWaitBoundsTheSleepWithoutTimers) {
   const auto t0 = Clock::now();
   reactor.run_once(lock, 20ms);
   EXPECT_GE(Clock::now() - t0, 20ms);
-}
-
-TEST_F(ReactorTest, CancelledTimerNeverFires) {
-  bool cancelled_fired = false;
-  bool kept_fired = false;
-  const auto now = Clock::now();
-  const auto cancelled = reactor.add_timer(now + 2ms, [&] { cancelled_fired = true; });
-  reactor.add_timer(now + 5ms, [&] { kept_fired = true; });
-  reactor.cancel_timer(cancelled);
-  reactor.cancel_timer(cancelled);  // twice: no-op
-  reactor.cancel_timer(0);          // never issued: no-op
-  EXPECT_EQ(reactor.pending_timers(), 1u);
-  EXPECT_TRUE(run_until([&] { return kept_fired; }));
-  EXPECT_FALSE(cancelled_fired);
 }
 
 TEST_F(ReactorTest, TimerCancelledByAnEarlierTimerOfTheSameRoundDoesNotFire) {
