@@ -256,7 +256,7 @@ class Mesh {
   // node's queue takes runs after everything already in it, so each queue is a FIFO in time
   // order and the simulation runs the earliest head among N queues (plus the timers), instead of
   // one heap of every MAD in flight. The MADs wait in chunks of kChunk.
-  static constexpr std::size_t kChunk = 32;
+  static constexpr std::size_t kChunk = 8;
   struct Chunk {
     std::array<Event, kChunk> events;
     Chunk* next = nullptr;
