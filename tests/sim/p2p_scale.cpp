@@ -5,7 +5,7 @@
 // accepts every CONNECT_REQUEST at once. The figures: time to the full mesh, CM MADs per
 // connection, collisions per connection, and the agent's memory per node, counted by this
 // program's allocator (every byte the agent allocates while a node's code runs is charged to
-// that node).
+// that node), after the mesh and at the agents' peak (all nodes together, mid-handshake).
 //
 //   p2p_scale --nodes 256 [--pattern both|one|ring:K] [--latency-us 10] [--cm-cost-us 5] [--seed 1]
 //   p2p_scale --table         the table of docs/p2p-scale.md (256 to 2,048 nodes, 4,096 as rings)
@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -28,49 +29,113 @@
 #include <queue>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "core/ibcm/ibcm_agent.hpp"
 #include "sim_rng.hpp"
 #include "wire/ibcm/gid.hpp"
 
 // ---------------------------------------------------------------------------------------------
-// The counting allocator: every allocation carries a 16-byte prefix naming its size and the node
-// whose code allocated it; the live bytes of each node are kept in `g_live`.
+// The counting allocator: every allocation is charged to the node whose code runs (`g_node`) and
+// its release to the node whose code runs then (an agent's memory is only ever released by its
+// own node's code); the live bytes of each node are kept in `g_live`. Blocks of up to kMaxSmall
+// bytes come from one size class per 16 bytes, each carved from its own stretch of one reserved
+// address range, so a block's class is its address and it carries no header: a full mesh holds
+// tens of millions of small blocks (≈ 14 per connection end at the peak), and a per-block
+// prefix naming size and node, plus glibc's own header and rounding, cost ≈ 300 B per
+// connection end. The size released is the one sized delete passes (what was asked), else the
+// class's. Larger blocks go to malloc with a 16-byte prefix naming their size.
 
 namespace {
 
-constexpr std::size_t kPrefix = 16;
 constexpr std::size_t kMaxCounted = 1 << 16;
 std::int64_t g_live[kMaxCounted + 1] = {};
 std::uint32_t g_node = kMaxCounted;  // the node whose code runs now; kMaxCounted: none
+std::int64_t g_agents_live = 0;      // the sum of g_live over the nodes
+std::int64_t g_agents_peak = 0;
 
-void* counted_alloc(std::size_t size) {
-  auto* base = static_cast<unsigned char*>(std::malloc(size + kPrefix));
-  if (base == nullptr) throw std::bad_alloc();
-  const std::uint64_t header[2] = {size, g_node};
-  std::memcpy(base, header, sizeof header);
+constexpr std::size_t kGranule = 16;  // operator new's alignment (__STDCPP_DEFAULT_NEW_ALIGNMENT__)
+constexpr std::size_t kMaxSmall = 1024;
+constexpr std::size_t kClasses = kMaxSmall / kGranule;
+constexpr std::size_t kClassSpan = std::size_t{1} << 37;  // 128 GiB of addresses per class
+constexpr std::size_t kPrefix = 16;
+
+struct SizeClasses {
+  unsigned char* base = nullptr;
+  unsigned char* next[kClasses] = {};  // the first never-used byte of each class's stretch
+  void* free[kClasses] = {};           // each class's released blocks, linked through their first word
+};
+SizeClasses g_small;
+
+void charge(std::size_t size) {
   g_live[g_node] += static_cast<std::int64_t>(size);
-  return base + kPrefix;
+  if (g_node != kMaxCounted) {
+    g_agents_live += static_cast<std::int64_t>(size);
+    g_agents_peak = std::max(g_agents_peak, g_agents_live);
+  }
 }
 
-void counted_free(void* pointer) {
+void discharge(std::size_t size) {
+  g_live[g_node] -= static_cast<std::int64_t>(size);
+  if (g_node != kMaxCounted) g_agents_live -= static_cast<std::int64_t>(size);
+}
+
+void* counted_alloc(std::size_t size) {
+  if (size > kMaxSmall) {
+    auto* base = static_cast<unsigned char*>(std::malloc(size + kPrefix));
+    if (base == nullptr) throw std::bad_alloc();
+    std::memcpy(base, &size, sizeof size);
+    charge(size);
+    return base + kPrefix;
+  }
+  if (g_small.base == nullptr) {
+    // Address space only: pages are backed as blocks are first used.
+    void* range = mmap(nullptr, kClasses * kClassSpan, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (range == MAP_FAILED) throw std::bad_alloc();
+    g_small.base = static_cast<unsigned char*>(range);
+    for (std::size_t c = 0; c < kClasses; ++c) g_small.next[c] = g_small.base + c * kClassSpan;
+  }
+  const std::size_t c = size == 0 ? 0 : (size - 1) / kGranule;
+  void* block = g_small.free[c];
+  if (block != nullptr) {
+    std::memcpy(&g_small.free[c], block, sizeof(void*));
+  } else {
+    block = g_small.next[c];
+    g_small.next[c] += (c + 1) * kGranule;
+    if (g_small.next[c] > g_small.base + (c + 1) * kClassSpan) throw std::bad_alloc();
+  }
+  charge(size);
+  return block;
+}
+
+void counted_free(void* pointer, std::optional<std::size_t> size) {
   if (pointer == nullptr) return;
-  auto* base = static_cast<unsigned char*>(pointer) - kPrefix;
-  std::uint64_t header[2];
-  std::memcpy(header, base, sizeof header);
-  g_live[header[1]] -= static_cast<std::int64_t>(header[0]);
-  std::free(base);
+  auto* p = static_cast<unsigned char*>(pointer);
+  if (g_small.base == nullptr || p < g_small.base || p >= g_small.base + kClasses * kClassSpan) {
+    std::size_t asked = 0;
+    std::memcpy(&asked, p - kPrefix, sizeof asked);
+    discharge(asked);
+    std::free(p - kPrefix);
+    return;
+  }
+  const std::size_t c = static_cast<std::size_t>(p - g_small.base) / kClassSpan;
+  discharge(size.value_or((c + 1) * kGranule));
+  std::memcpy(pointer, &g_small.free[c], sizeof(void*));
+  g_small.free[c] = pointer;
 }
 
 }  // namespace
 
 void* operator new(std::size_t size) { return counted_alloc(size); }
 void* operator new[](std::size_t size) { return counted_alloc(size); }
-void operator delete(void* pointer) noexcept { counted_free(pointer); }
-void operator delete[](void* pointer) noexcept { counted_free(pointer); }
-void operator delete(void* pointer, std::size_t) noexcept { counted_free(pointer); }
-void operator delete[](void* pointer, std::size_t) noexcept { counted_free(pointer); }
+void operator delete(void* pointer) noexcept { counted_free(pointer, std::nullopt); }
+void operator delete[](void* pointer) noexcept { counted_free(pointer, std::nullopt); }
+void operator delete(void* pointer, std::size_t size) noexcept { counted_free(pointer, size); }
+void operator delete[](void* pointer, std::size_t size) noexcept { counted_free(pointer, size); }
 
 namespace peercm::sim {
 namespace {
@@ -103,6 +168,7 @@ struct ScaleResult {
   double bytes_per_node = 0;  // agent memory after the mesh, mean over nodes
   std::int64_t max_bytes_per_node = 0;
   double wall_seconds = 0;
+  std::int64_t agents_peak = 0;  // the most the agents held at once, all nodes together
 };
 
 // A node id a → its IPv4 address 10.x.y.z.
@@ -115,6 +181,7 @@ int index_of(const ib::Ipv4Address& a) { return ((a[1] << 16) | (a[2] << 8) | a[
 class Mesh {
  public:
   explicit Mesh(const ScaleConfig& config) : config_(config), rng_(config.seed) {
+    g_agents_peak = g_agents_live;  // --table: each run its own peak
     nodes_.resize(static_cast<std::size_t>(config.nodes));
     for (int i = 0; i < config.nodes; ++i) {
       Node& n = node(i);
@@ -131,14 +198,21 @@ class Mesh {
     }
   }
 
+  ~Mesh() {
+    for (Node& n : nodes_) {
+      while (n.head != nullptr) delete std::exchange(n.head, n.head->next);
+    }
+    while (spare_ != nullptr) delete std::exchange(spare_, spare_->next);
+  }
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
   ScaleResult run() {
     const auto began = std::chrono::steady_clock::now();
     plan();
-    while (!queue_.empty()) {
-      const Event e = queue_.top();
-      queue_.pop();
-      now_ = e.at;
-      dispatch(e);
+    while (auto e = next_event()) {
+      now_ = e->at;
+      dispatch(*e);
     }
     ScaleResult result;
     result.wanted = wanted_;
@@ -155,37 +229,140 @@ class Mesh {
       result.max_bytes_per_node = std::max(result.max_bytes_per_node, g_live[i]);
     }
     result.bytes_per_node = static_cast<double>(total) / config_.nodes;
+    result.agents_peak = g_agents_peak;
     result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
     return result;
   }
 
  private:
-  struct Node {
-    std::unique_ptr<ib::IbCmAgent> agent;
-    Time busy_until{};  // the node's CM queue
-    std::uint32_t next_qpn = 0;
-    std::optional<Time> timer;
-  };
   enum class Kind : std::uint8_t { connect, mad, timer };
+  // Events run in the order of (at, seq); seq numbers them as they were scheduled.
   struct Event {
     Time at{};
     std::uint64_t seq = 0;
     Kind kind = Kind::mad;
     int node = 0;
     int peer = 0;  // connect: the destination; mad: the sender
-    std::shared_ptr<const ib::OutboundMad> mad;
-    bool operator>(const Event& other) const { return at != other.at ? at > other.at : seq > other.seq; }
+    std::array<std::uint8_t, w::kMadSize> bytes{};  // mad
+  };
+  struct Due {  // a node's next event, or a timer
+    Time at{};
+    std::uint64_t seq = 0;
+    int node = 0;
+    bool operator>(const Due& other) const { return at != other.at ? at > other.at : seq > other.seq; }
+  };
+  // A node's CM queue, as events: its application's connects (all asked at t = 0, so they fill
+  // its first (N-1) x cm_cost), then the MADs that reach it, each behind the last. Every event a
+  // node's queue takes runs after everything already in it, so each queue is a FIFO in time
+  // order and the simulation runs the earliest head among N queues (plus the timers), instead of
+  // one heap of every MAD in flight. The MADs wait in chunks of kChunk.
+  static constexpr std::size_t kChunk = 8;
+  struct Chunk {
+    std::array<Event, kChunk> events;
+    Chunk* next = nullptr;
+  };
+  struct Node {
+    std::unique_ptr<ib::IbCmAgent> agent;
+    Time busy_until{};  // the node's CM queue
+    std::uint32_t next_qpn = 0;
+    std::optional<Time> timer;
+    std::vector<std::uint16_t> peers;  // its connects, in its application's order
+    std::size_t connects_done = 0;
+    std::uint64_t first_connect_seq = 0;
+    Chunk* head = nullptr;  // its queued MADs: head->events[head_index] .. tail->events[tail_index - 1]
+    Chunk* tail = nullptr;
+    std::size_t head_index = 0;
+    std::size_t tail_index = 0;
   };
 
   Node& node(int i) { return nodes_[static_cast<std::size_t>(i)]; }
 
-  // The simulator's own queue is nobody's memory.
-  void schedule(Event e) {
+  static bool has_work(const Node& n) { return n.connects_done < n.peers.size() || n.head != nullptr; }
+  // The head of node i's queue (has_work).
+  Due head_of(int i) {
+    Node& n = node(i);
+    if (n.connects_done < n.peers.size()) {
+      return {.at = Time{} + config_.cm_cost * static_cast<Duration::rep>(n.connects_done + 1),
+              .seq = n.first_connect_seq + n.connects_done, .node = i};
+    }
+    const Event& e = n.head->events[n.head_index];
+    return {.at = e.at, .seq = e.seq, .node = i};
+  }
+
+  // The simulator's own queues are nobody's memory.
+  void enqueue_mad(int target, Time at, int from, const ib::OutboundMad& mad) {
     const std::uint32_t charged = g_node;
     g_node = kMaxCounted;
+    Node& n = node(target);
+    const bool idle = !has_work(n);
+    if (n.tail == nullptr || n.tail_index == kChunk) {
+      Chunk* chunk = spare_;
+      if (chunk != nullptr) {
+        spare_ = chunk->next;
+        chunk->next = nullptr;
+      } else {
+        chunk = new Chunk;
+      }
+      if (n.tail == nullptr) {
+        n.head = chunk;
+        n.head_index = 0;
+      } else {
+        n.tail->next = chunk;
+      }
+      n.tail = chunk;
+      n.tail_index = 0;
+    }
+    Event& e = n.tail->events[n.tail_index++];
+    e.at = at;
     e.seq = seq_++;
-    queue_.push(std::move(e));
+    e.kind = Kind::mad;
+    e.node = target;
+    e.peer = from;
+    e.bytes = mad.bytes;
+    if (idle) ready_.push(head_of(target));
     g_node = charged;
+  }
+
+  void schedule_timer(int i, Time at) {
+    const std::uint32_t charged = g_node;
+    g_node = kMaxCounted;
+    timers_.push({.at = at, .seq = seq_++, .node = i});
+    g_node = charged;
+  }
+
+  // The earliest event: a node's head or a timer, by (at, seq).
+  std::optional<Event> next_event() {
+    const bool from_timers = !timers_.empty() && (ready_.empty() || ready_.top() > timers_.top());
+    if (from_timers) {
+      const Due due = timers_.top();
+      timers_.pop();
+      return Event{.at = due.at, .seq = due.seq, .kind = Kind::timer, .node = due.node};
+    }
+    if (ready_.empty()) return std::nullopt;
+    const Due due = ready_.top();
+    ready_.pop();
+    Node& n = node(due.node);
+    std::optional<Event> e;
+    if (n.connects_done < n.peers.size()) {
+      e = Event{.at = due.at, .seq = due.seq, .kind = Kind::connect, .node = due.node,
+                .peer = n.peers[n.connects_done++]};
+    } else {
+      e = n.head->events[n.head_index++];
+      if (n.head == n.tail && n.head_index == n.tail_index) {
+        n.head->next = spare_;
+        spare_ = n.head;
+        n.head = n.tail = nullptr;
+        n.head_index = n.tail_index = 0;
+      } else if (n.head_index == kChunk) {
+        Chunk* done = n.head;
+        n.head = done->next;
+        n.head_index = 0;
+        done->next = spare_;
+        spare_ = done;
+      }
+    }
+    if (has_work(n)) ready_.push(head_of(due.node));
+    return e;
   }
 
   // Work arriving at a node at `at` runs when its CM is free, for cm_cost: the event is handled
@@ -215,9 +392,15 @@ class Mesh {
           }
           break;
       }
-      // Each application asks for its peers in its own order.
+      // Each application asks for its peers in its own order, at once: its CM takes one connect
+      // after the other.
       for (std::size_t i = peers.size(); i > 1; --i) std::swap(peers[i - 1], peers[rng_.next() % i]);
-      for (int b : peers) schedule({.at = queue_at(a, Time{}), .kind = Kind::connect, .node = a, .peer = b});
+      Node& n = node(a);
+      n.peers.assign(peers.begin(), peers.end());
+      n.first_connect_seq = seq_;
+      seq_ += peers.size();
+      n.busy_until = Time{} + config_.cm_cost * static_cast<Duration::rep>(peers.size());
+      if (has_work(n)) ready_.push(head_of(a));
     }
     wanted_ = config_.pattern == ScaleConfig::Pattern::ring
                   ? static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(config_.ring)
@@ -236,7 +419,7 @@ class Mesh {
         break;
       }
       case Kind::mad:
-        n.agent->handle_mad(w::ipv4_mapped_gid(address(e.peer)), e.mad->bytes, now_);
+        n.agent->handle_mad(w::ipv4_mapped_gid(address(e.peer)), e.bytes, now_);
         break;
       case Kind::timer:
         if (n.timer == e.at) n.timer.reset();
@@ -254,11 +437,7 @@ class Mesh {
       const auto to = w::ipv4_of_gid(mad->destination);
       if (!to) continue;
       const int target = index_of(*to);
-      g_node = kMaxCounted;
-      auto shared = std::make_shared<const ib::OutboundMad>(*mad);
-      g_node = static_cast<std::uint32_t>(i);
-      schedule({.at = queue_at(target, now_ + config_.latency), .kind = Kind::mad, .node = target, .peer = i,
-                .mad = std::move(shared)});
+      enqueue_mad(target, queue_at(target, now_ + config_.latency), i, *mad);
     }
     while (auto event = n.agent->poll_event()) {
       switch (event->kind) {
@@ -283,14 +462,16 @@ class Mesh {
     // Only deadlines before the mesh could matter; the agents' own retries are what counts.
     if (auto d = n.agent->next_deadline(); d && (!n.timer || *d < *n.timer)) {
       n.timer = *d;
-      schedule({.at = *d, .kind = Kind::timer, .node = i});
+      schedule_timer(i, *d);
     }
   }
 
   ScaleConfig config_;
   Rng rng_;
   std::vector<Node> nodes_;
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> queue_;
+  std::priority_queue<Due, std::vector<Due>, std::greater<>> ready_;   // the nodes with work, by their head
+  std::priority_queue<Due, std::vector<Due>, std::greater<>> timers_;
+  Chunk* spare_ = nullptr;  // emptied chunks, for reuse
   Time now_{};
   std::uint64_t seq_ = 0;
   std::uint64_t wanted_ = 0;
@@ -311,18 +492,21 @@ std::string pattern_name(const ScaleConfig& config) {
 
 void print_row(const ScaleConfig& config, const ScaleResult& r) {
   const double per = r.connections == 0 ? 0 : 1.0 / static_cast<double>(r.connections);
-  fmt::print("| {} | {} | {} of {} | {:.1f} ms | {:.2f} | {:.3f} | {:.0f} KiB ({:.0f} B per connection end) | {:.1f} s |\n",
+  const double ends = 2.0 * static_cast<double>(std::max<std::uint64_t>(r.connections, 1));
+  fmt::print("| {} | {} | {} of {} | {:.1f} ms | {:.2f} | {:.3f} | {:.0f} KiB ({:.0f} B per connection end) | {:.0f} B "
+             "| {:.1f} s |\n",
              config.nodes, pattern_name(config), r.connections, r.wanted,
              std::chrono::duration<double, std::milli>(r.time_to_mesh).count(), static_cast<double>(r.mads) * per,
              static_cast<double>(r.bound) * per, r.bytes_per_node / 1024.0,
-             r.bytes_per_node * static_cast<double>(config.nodes) / (2.0 * static_cast<double>(std::max<std::uint64_t>(r.connections, 1))),
+             r.bytes_per_node * static_cast<double>(config.nodes) / ends, static_cast<double>(r.agents_peak) / ends,
              r.wall_seconds);
   std::fflush(stdout);
 }
 
 void print_header() {
   fmt::print("| nodes | pattern | connections | time to mesh | CM MADs per connection | collisions per connection | "
-             "agent memory per node | wall time |\n|---|---|---|---|---|---|---|---|\n");
+             "agent memory per node | agents at their peak, per connection end | wall time |\n"
+             "|---|---|---|---|---|---|---|---|---|\n");
 }
 
 [[noreturn]] void usage() {

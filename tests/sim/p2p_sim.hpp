@@ -37,6 +37,17 @@ struct SimStats {
   std::uint64_t dropped = 0;      // roce: losing REQs (and copies) dropped silently (rule 3)
   std::uint64_t mras = 0;         // roce: MRAs sent
   std::uint64_t partitions = 0;   // partition windows
+  // roce, R5b: connects that waited on a check of the key's connection, and how each ended:
+  // (a) the restarted peer's REQ replaced it, (b) it answered (EISCONN), (c) it ended first and
+  // the attempt's own REQ went out, (d) the deadline or another error.
+  std::uint64_t checks = 0;
+  std::uint64_t check_replaced = 0;
+  std::uint64_t check_replaced_restarted = 0;  // of which by a restarted peer (the rest: it reconnected)
+  std::uint64_t check_alive = 0;
+  std::uint64_t check_dialed = 0;
+  std::uint64_t check_deadline = 0;
+  std::uint64_t probes_answered = 0;
+  std::uint64_t probes_failed = 0;  // checks that found no live QP: the connection ended
 };
 
 struct SimResult {

@@ -109,6 +109,14 @@ void add(SimStats& total, const SimStats& run) {
   total.mras += run.mras;
   total.partitions += run.partitions;
   total.taken_back += run.taken_back;
+  total.checks += run.checks;
+  total.check_replaced += run.check_replaced;
+  total.check_replaced_restarted += run.check_replaced_restarted;
+  total.check_alive += run.check_alive;
+  total.check_dialed += run.check_dialed;
+  total.check_deadline += run.check_deadline;
+  total.probes_answered += run.probes_answered;
+  total.probes_failed += run.probes_failed;
 }
 
 // Runs one seed quietly; on failure prints the violation and the replay command.
@@ -173,6 +181,13 @@ int main(int argc, char** argv) {
              seconds > 0 ? static_cast<double>(ran) / seconds : 0.0, failures, total.events, total.attempts,
              total.established, total.collisions, total.taken_back, total.rejected_duplicate, total.replaced,
              total.timed_out, total.crashes, total.partitions, total.work_requests, total.dropped, total.mras);
+  if (total.checks > 0) {
+    fmt::print("  R5b: {} connects waited on a check: (a) {} replaced by the peer's newer REQ ({} of a restarted peer), (b) {} EISCONN "
+               "(connection answered), (c) {} dialled after the connection ended, (d) {} ended otherwise; "
+               "{} checks answered, {} unanswered\n",
+               total.checks, total.check_replaced, total.check_replaced_restarted, total.check_alive, total.check_dialed, total.check_deadline,
+               total.probes_answered, total.probes_failed);
+  }
   if (first_failure) fmt::print("  first failing seed: {}\n", *first_failure);
   return failures == 0 ? 0 : 1;
 }

@@ -82,7 +82,9 @@ TEST(P2pSimulationRoce, SameSeedReplaysTheSameRun) {
 }
 
 // The RoCE schedules exercise what they are meant to: collisions bound and dropped, unseen
-// requests taken, replacements, MRAs, crashes and partitions, over a few thousand seeds.
+// requests taken, replacements, MRAs, crashes and partitions, and every outcome of R5b's check
+// (docs/p2p.md): (a) a restarted peer's REQ replaces the checked connection, (b) the connection
+// answers (EISCONN), (c) it ends first and the attempt dials, over a few thousand seeds.
 TEST(P2pSimulationRoce, SchedulesCoverCollisionsRestartsMrasAndPartitions) {
   SimStats total;
   for (std::uint64_t seed = 1; seed <= 5000; ++seed) {
@@ -96,6 +98,10 @@ TEST(P2pSimulationRoce, SchedulesCoverCollisionsRestartsMrasAndPartitions) {
     total.partitions += result.stats.partitions;
     total.timed_out += result.stats.timed_out;
     total.work_requests += result.stats.work_requests;
+    total.check_replaced_restarted += result.stats.check_replaced_restarted;
+    total.check_alive += result.stats.check_alive;
+    total.check_dialed += result.stats.check_dialed;
+    total.probes_failed += result.stats.probes_failed;
   }
   EXPECT_GT(total.collisions, 500u);
   EXPECT_GT(total.dropped, 500u);
@@ -106,6 +112,10 @@ TEST(P2pSimulationRoce, SchedulesCoverCollisionsRestartsMrasAndPartitions) {
   EXPECT_GT(total.partitions, 500u);
   EXPECT_GT(total.timed_out, 100u);
   EXPECT_GT(total.work_requests, 10000u);  // Sends checked end to end on the RC queue pairs
+  EXPECT_GT(total.check_replaced_restarted, 100u);
+  EXPECT_GT(total.check_alive, 1000u);
+  EXPECT_GT(total.check_dialed, 100u);
+  EXPECT_GT(total.probes_failed, 100u);
 }
 
 // Every node count, with seeds the main run does not use.

@@ -20,7 +20,19 @@
 //  - no leak: once everything is closed and every timer ran out, agents hold no connection, id,
 //    pending REQ, timer or resolver state;
 //  - rule R5a of docs/p2p.md: a connect that takes back an unseen request sends its own REQ at once
-//    if and only if its (GUID, QPN) is the larger; otherwise it is bound to the request.
+//    if and only if its (GUID, QPN) is the larger; otherwise it is bound to the request;
+//  - rule R5b: on most seeds the world offers connect() the check of a key's established
+//    connection, as the api layer does (src/api/roce/roce_cm.cpp): the connection's QP probes its
+//    peer, retry_cnt + 1 times a local ACK timeout apart, over the same lossy network. The peer
+//    answers while it runs the incarnation and the QP of that connection (a crashed or restarted
+//    peer, or one that closed the connection, does not); an answer is handle_connection_alive(),
+//    no answer ends the connection as a QP error does (disconnect()). A connect that waits on a
+//    check ends in one of R5b's outcomes: (a) the restarted peer's REQ replaced the connection
+//    (it ended first) and the attempt is ESTABLISHED without a REQ of its own; (b) the connection
+//    answered: CONNECT_ERROR with `already_connected` while it stays ESTABLISHED; (c) the
+//    connection ended first and the attempt's own REQ went out; (d) the deadline. A probe goes
+//    unanswered only when the peer restarted, closed the connection, or the phase lost MADs or
+//    cut the pair.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -53,7 +65,10 @@ constexpr std::uint16_t kPort = 7471;
 constexpr std::uint64_t kMaxRoceEvents = 2'000'000;
 constexpr Duration kConnectTimeout = 300ms;
 
-enum class Ev : std::uint8_t { mad, timer, connect, answer, close, crash, restart };
+// R5b's liveness probe on a connection's QP: sent (try), reaching the peer (arrival), its answer
+// reaching us (answer), a try's local ACK timeout running out (expiry).
+enum class Ev : std::uint8_t { mad, timer, connect, answer, close, crash, restart, probe_try, probe_arrival,
+                               probe_answer, probe_expiry };
 
 struct RoceEvent {
   Time at{};
@@ -68,6 +83,9 @@ struct RoceEvent {
   int from = 0;
   Duration downtime{};
   std::shared_ptr<const ib::OutboundMad> mad;
+  std::uint32_t generation = 0;  // probe: the check it belongs to
+  std::uint32_t qpn = 0;         // probe_arrival: the QP it is addressed to
+  std::uint32_t from_epoch = 0;  // probe_arrival: the checking node's incarnation
 };
 
 struct RoceLater {
@@ -89,6 +107,22 @@ struct AppId {
   std::uint32_t psn = 0;
   std::uint32_t local_comm = 0;
   ib::IbCmPeer remote;    // from ESTABLISHED (or the CONNECT_REQUEST)
+  // Its QP runs: from accept() or REP sent (passive, or bound to the peer's REQ) or ESTABLISHED
+  // (active) until the application closes it, it is DISCONNECTED or it ends. Only such a QP
+  // answers a liveness probe.
+  bool qp_live = false;
+  // R5b: an attempt admitted without a REQ while the key's connection `checked` is checked.
+  bool checking = false;
+  bool dialed = false;  // its own REQ went out meanwhile (outcome c)
+  ib::IbCmId checked = 0;
+  std::uint32_t checked_peer_epoch = 0;  // the peer's incarnation that connection was ESTABLISHED with
+};
+
+// R5b: a liveness check running on one established connection's QP.
+struct Check {
+  std::uint32_t generation = 0;
+  int tries_left = 0;
+  Time started{};
 };
 
 struct RoceNode {
@@ -103,6 +137,7 @@ struct RoceNode {
   std::vector<std::uint32_t> closed_comms;       // local comm IDs of connections this application closed
   std::vector<std::uint32_t> established_comms;  // local comm IDs of connections ever ESTABLISHED here
   std::vector<std::tuple<Time, int, std::uint32_t>> closes;  // (when, peer, tag) this application closed
+  std::map<ib::IbCmId, Check> checks;  // R5b: by the checked connection's id
 };
 
 enum class Phase : std::uint8_t { chaos, final_round, teardown };
@@ -140,6 +175,13 @@ class RoceWorld {
     // only the incarnation orders their colliding attempts (rule 3's tie-break).
     shared_qpns_ = shared_guid_ && rng_.percent(50);
     first_qpn_ = static_cast<std::uint32_t>(rng_.between(0x100, 0x400000));
+    // R5b: whether the world offers connect() the check, and the QP's timing (local ACK timeout
+    // 8 to 30 ms, retry_cnt 0 to 3, so a check gives up within 120 ms, well inside an attempt's
+    // 300 ms), from a stream of their own so that the rest of a seed's choices stay what they were.
+    Rng check_rng(seed ^ 0x5b5b5b5b5b5b5b5bULL);
+    checks_ = check_rng.percent(80);
+    probe_timeout_ = Duration{check_rng.between(8, 30) * 1000000};
+    probe_tries_ = check_rng.between(1, 4);
     for (int i = 0; i < nodes_count_; ++i) {
       nodes_.emplace_back();
       nodes_.back().guid = shared_guid_ ? 0x5000 : 0x5000 + rng_.next() % 0x1000;
@@ -150,11 +192,14 @@ class RoceWorld {
   SimResult run() {
     trace("seed {} (roce): {} nodes, {} tag(s), delays 0..{}us, loss {}%, duplicates {}%, {}% simultaneous, "
           "app reject {}%, slow {}%, silent {}%, close {}%, take unseen {}%, {} crash(es), {} partition(s){}, "
-          "CM retries {}, TIMEWAIT 2^{} x 4.096 us",
+          "CM retries {}, TIMEWAIT 2^{} x 4.096 us, {}",
           seed_, nodes_count_, tags_, std::chrono::duration_cast<std::chrono::microseconds>(faults_.max_delay).count(),
           faults_.loss_percent, faults_.duplicate_percent, simultaneous_, reject_, slow_, silent_, close_,
           take_unseen_, crashes_, partitions_, shared_guid_ ? ", shared GUIDs" : "", timing_.max_cm_retries,
-          timing_.timewait);
+          timing_.timewait,
+          checks_ ? fmt::format("R5b checks: {} probe(s) {} ms apart", probe_tries_,
+                                std::chrono::duration_cast<std::chrono::milliseconds>(probe_timeout_).count())
+                  : std::string("no R5b checks"));
     const Duration chaos = Duration{rng_.between(20, 200) * 1000000};
     const int connects = rng_.between(2, 12);
     for (int i = 0; i < connects; ++i) {
@@ -304,6 +349,10 @@ class RoceWorld {
         close(e.node, e.id);
         break;
       case Ev::crash: crash(e.node, e.downtime); return;
+      case Ev::probe_try: probe_try(e); return;
+      case Ev::probe_arrival: probe_arrival(e); return;
+      case Ev::probe_answer: probe_answer(e); break;
+      case Ev::probe_expiry: probe_expiry(e); break;
       case Ev::restart: {
         RoceNode& n = node(e.node);
         if (n.up || n.epoch != e.epoch) return;
@@ -337,7 +386,15 @@ class RoceWorld {
       n.ids.erase(it);
       return true;
     };
-    auto id = n.agent->connect(params, now_, take_back);
+    // docs/p2p.md R5b: as the api layer does, the key's established connection is checked by its QP.
+    ib::IbCmId checked = 0;
+    const auto check = [&](ib::IbCmId established) {
+      auto it = n.ids.find(established);
+      if (it == n.ids.end() || !it->second.established || !it->second.qp_live) return false;
+      checked = established;
+      return true;
+    };
+    auto id = checks_ ? n.agent->connect(params, now_, take_back, check) : n.agent->connect(params, now_, take_back);
     if (!id) {
       trace("n{}: connect to n{} tag {}: {}", a, b, tag, std::make_error_code(id.error()).message());
       return;
@@ -350,8 +407,116 @@ class RoceWorld {
       trace("n{}: connect c{} to n{} tag {} qpn {:#x}", a, *id, b, tag, qpn);
     }
     n.ids[*id] = AppId{.active = true, .peer = b, .tag = tag, .start = now_, .deadline = now_ + kConnectTimeout,
-                       .qpn = qpn, .psn = psn};
+                       .qpn = qpn, .psn = psn, .checking = checked != 0, .checked = checked,
+                       .checked_peer_epoch = checked != 0 ? n.ids.at(checked).peer_epoch : 0};
+    if (checked != 0) {
+      ++result_.stats.checks;
+      ++checking_attempts_;
+      trace("n{}: c{} waits on a check of c{} (R5b)", a, *id, checked);
+      start_check(a, checked);
+    }
     if (taken != 0) check_unseen_request_rule(a, qpn, taken_from);
+  }
+
+  // --- R5b: the liveness check of an established connection, run by its QP ---
+
+  void start_check(int i, ib::IbCmId id) {
+    RoceNode& n = node(i);
+    n.checks[id] = Check{.generation = ++check_generation_, .tries_left = probe_tries_, .started = now_};
+    schedule({.at = now_, .kind = Ev::probe_try, .node = i, .epoch = n.epoch, .id = id,
+              .generation = check_generation_});
+  }
+
+  const Check* running_check(const RoceEvent& e) {
+    RoceNode& n = node(e.node);
+    if (!n.up || n.epoch != e.epoch) return nullptr;
+    auto it = n.checks.find(e.id);
+    return it == n.checks.end() || it->second.generation != e.generation ? nullptr : &it->second;
+  }
+
+  // The QP of `qpn` at node p, if it runs in incarnation `epoch`.
+  const AppId* live_qp(int p, std::uint32_t epoch, std::uint32_t qpn) {
+    const RoceNode& peer = node(p);
+    if (!peer.up || peer.epoch != epoch) return nullptr;
+    for (const auto& [id, app] : peer.ids) {
+      if (app.qp_live && app.qpn == qpn) return &app;
+    }
+    return nullptr;
+  }
+
+  void probe_try(const RoceEvent& e) {
+    if (running_check(e) == nullptr) return;
+    RoceNode& n = node(e.node);
+    auto it = n.ids.find(e.id);
+    if (it == n.ids.end()) return;
+    const AppId& app = it->second;
+    for (Time at : network_.datagram_arrivals(e.node, app.peer, now_)) {
+      schedule({.at = at, .kind = Ev::probe_arrival, .node = app.peer, .epoch = app.peer_epoch, .id = e.id,
+                .from = e.node, .generation = e.generation, .qpn = app.remote.qpn, .from_epoch = n.epoch});
+    }
+    schedule({.at = now_ + probe_timeout_, .kind = Ev::probe_expiry, .node = e.node, .epoch = n.epoch, .id = e.id,
+              .generation = e.generation});
+  }
+
+  // The peer's QP answers any request of its connection; a QP that no longer runs (a crashed or
+  // restarted peer, a closed connection) answers nothing.
+  void probe_arrival(const RoceEvent& e) {
+    if (live_qp(e.node, e.epoch, e.qpn) == nullptr) return;
+    for (Time at : network_.datagram_arrivals(e.node, e.from, now_)) {
+      schedule({.at = at, .kind = Ev::probe_answer, .node = e.from, .epoch = e.from_epoch, .id = e.id,
+                .generation = e.generation});
+    }
+  }
+
+  // Any packet from the peer after the probe left confirms the connection (RcQueuePair::
+  // poll_liveness_confirmed), an earlier check's answer included.
+  void probe_answer(const RoceEvent& e) {
+    RoceNode& n = node(e.node);
+    if (!n.up || n.epoch != e.epoch || n.checks.erase(e.id) == 0) return;
+    ++result_.stats.probes_answered;
+    trace("n{}: c{} answered its check", e.node, e.id);
+    n.agent->handle_connection_alive(e.id, now_);
+  }
+
+  void probe_expiry(const RoceEvent& e) {
+    const Check* check = running_check(e);
+    if (check == nullptr) return;
+    RoceNode& n = node(e.node);
+    if (--n.checks.at(e.id).tries_left > 0) {
+      probe_try(e);
+      return;
+    }
+    const Time started = check->started;
+    n.checks.erase(e.id);
+    auto it = n.ids.find(e.id);
+    if (it == n.ids.end() || !it->second.established) return;
+    AppId& app = it->second;
+    if (!probe_failure_excused(e.node, app, started)) {
+      violation(fmt::format("R5b: n{}'s check of c{} to n{} tag {} went unanswered though n{} runs its QP and "
+                            "nothing was lost",
+                            e.node, e.id, app.peer, app.tag, app.peer));
+      return;
+    }
+    // The QP gives up (retry_exceeded) and the api layer disconnects (on_qp_error).
+    ++result_.stats.probes_failed;
+    trace("n{}: c{} failed its check: disconnect", e.node, e.id);
+    if (!n.agent->disconnect(e.id, now_)) return;
+    app.established = false;
+    app.qp_live = false;
+    app.closed = true;
+    n.closed_comms.push_back(app.local_comm);
+    n.closes.emplace_back(now_, app.peer, app.tag);
+  }
+
+  bool probe_failure_excused(int i, const AppId& app, Time started) {
+    if (live_qp(app.peer, app.peer_epoch, app.remote.qpn) == nullptr) return true;
+    if (faults_.loss_percent > 0) return true;
+    for (const Partition& p : network_.partitions()) {
+      if (((p.a == i && p.b == app.peer) || (p.a == app.peer && p.b == i)) && p.from <= now_ && p.until >= started) {
+        return true;
+      }
+    }
+    return false;
   }
 
   // docs/p2p.md R5a: the taken-back request meets the attempt under R3 before the attempt has
@@ -386,6 +551,7 @@ class RoceWorld {
       trace("n{}: accept c{}: {}", e.node, e.id, status ? "ok" : "EINVAL");
       it->second.qpn = qpn;
       it->second.psn = psn;
+      it->second.qp_live = status.has_value();
     } else {
       const auto status = n.agent->reject(e.id, {}, now_);
       trace("n{}: reject c{}: {}", e.node, e.id, status ? "ok" : "EINVAL");
@@ -408,6 +574,8 @@ class RoceWorld {
     trace("n{}: close c{}", i, id);
     it->second.established = false;
     it->second.closed = true;
+    it->second.qp_live = false;
+    n.checks.erase(id);
     n.closed_comms.push_back(it->second.local_comm);
     n.closes.emplace_back(now_, it->second.peer, it->second.tag);
     const AppId app = it->second;
@@ -426,7 +594,9 @@ class RoceWorld {
     n.agent.reset();
     n.up = false;
     n.down.emplace_back(now_, Time::max());
+    for (const auto& [id, app] : n.ids) checking_attempts_ -= app.checking;
     n.ids.clear();
+    n.checks.clear();
     n.timer.reset();
     schedule({.at = now_ + downtime, .kind = Ev::restart, .node = i, .epoch = n.epoch});
   }
@@ -441,9 +611,11 @@ class RoceWorld {
       const int target = index_of(*to);
       if (target < 0 || target >= nodes_count_) continue;
       if ((mad->bytes[16] << 8 | mad->bytes[17]) == static_cast<int>(w::CmAttribute::mra)) ++result_.stats.mras;
-      if (watched_qpn_) {
+      if (watched_qpn_ || checking_attempts_ > 0) {
         if (auto decoded = w::decode_cm_mad(mad->bytes); decoded && std::holds_alternative<w::CmReq>(decoded->message)) {
-          watched_req_sent_ |= std::get<w::CmReq>(decoded->message).local_qpn == *watched_qpn_;
+          const std::uint32_t sent = std::get<w::CmReq>(decoded->message).local_qpn;
+          if (watched_qpn_) watched_req_sent_ |= sent == *watched_qpn_;
+          for (auto& [id, app] : n.ids) app.dialed |= app.checking && app.qpn == sent;
         }
       }
       auto shared = std::make_shared<const ib::OutboundMad>(*mad);
@@ -486,7 +658,9 @@ class RoceWorld {
           violation(fmt::format("liveness: n{} attempt c{} established after its deadline", i, e.id));
           return;
         }
+        if (app.checking && !r5b_established(i, e.id, app)) return;
         app.established = true;
+        app.qp_live = true;
         app.local_comm = e.local_comm_id;
         app.remote = e.peer;
         app.peer_epoch = node(app.peer).epoch;
@@ -507,7 +681,11 @@ class RoceWorld {
       }
       case AgentEvent::reply_sent:
         // The QP would start receiving here (api/roce/roce_cm.cpp); the CM outcome follows.
-        if (!n.ids.contains(e.id)) violation(fmt::format("n{}: REP sent for c{}, which the application does not know", i, e.id));
+        if (auto it = n.ids.find(e.id); it != n.ids.end()) {
+          it->second.qp_live = true;
+        } else {
+          violation(fmt::format("n{}: REP sent for c{}, which the application does not know", i, e.id));
+        }
         trace("n{}: c{} REP sent to QP {:#x}", i, e.id, e.peer.qpn);
         return;
       case AgentEvent::rejected:
@@ -515,6 +693,15 @@ class RoceWorld {
       case AgentEvent::connect_error: {
         auto it = n.ids.find(e.id);
         if (it == n.ids.end()) return;
+        if (e.already_connected) {
+          r5b_already_connected(i, e.id, it->second);
+          n.ids.erase(it);
+          return;
+        }
+        if (it->second.checking) {
+          ++result_.stats.check_deadline;
+          --checking_attempts_;
+        }
         if (it->second.active) {
           ++result_.stats.timed_out;
           if (now_ > it->second.deadline) {
@@ -552,12 +739,52 @@ class RoceWorld {
           return;
         }
         it->second.established = false;
+        it->second.qp_live = false;
+        n.checks.erase(e.id);
         return;
       }
       case AgentEvent::timewait_exit:
         n.ids.erase(e.id);
         return;
     }
+  }
+
+  // R5b, outcomes (a) and (c): an attempt that waited on a check is ESTABLISHED once the checked
+  // connection has ended, on the restarted peer's REQ (nothing of its own sent) or on its own REQ.
+  bool r5b_established(int i, ib::IbCmId id, AppId& app) {
+    RoceNode& n = node(i);
+    app.checking = false;
+    --checking_attempts_;
+    ++(app.dialed ? result_.stats.check_dialed : result_.stats.check_replaced);
+    if (!app.dialed && node(app.peer).epoch != app.checked_peer_epoch) ++result_.stats.check_replaced_restarted;
+    auto checked = n.ids.find(app.checked);
+    if (checked != n.ids.end() && checked->second.established) {
+      violation(fmt::format("R5b: n{}'s attempt c{} is ESTABLISHED ({}) while the connection c{} it waited on "
+                            "stays ESTABLISHED",
+                            i, id, app.dialed ? "on its own REQ" : "on the peer's REQ", app.checked));
+      return false;
+    }
+    return true;
+  }
+
+  // R5b, outcome (b): EISCONN only for an attempt that waited on a check, and only while the
+  // checked connection stays ESTABLISHED.
+  void r5b_already_connected(int i, ib::IbCmId id, const AppId& app) {
+    RoceNode& n = node(i);
+    if (!app.checking) {
+      violation(fmt::format("R5b: n{}'s c{} ends with EISCONN though it waited on no check", i, id));
+      return;
+    }
+    --checking_attempts_;
+    ++result_.stats.check_alive;
+    auto checked = n.ids.find(app.checked);
+    if (checked == n.ids.end() || !checked->second.established) {
+      violation(fmt::format("R5b: n{}'s attempt c{} ends with EISCONN though the connection c{} it waited on has "
+                            "ended",
+                            i, id, app.checked));
+      return;
+    }
+    trace("n{}: c{} EISCONN: c{} answered its check", i, id, app.checked);
   }
 
   // Whether an attempt may rightly end in an error: a crash of either node within one timeout
@@ -668,7 +895,7 @@ class RoceWorld {
   void check_no_leak() {
     for (int i = 0; i < nodes_count_ && result_.ok; ++i) {
       const ib::IbCmAgent& agent = *node(i).agent;
-      if (!node(i).ids.empty() || agent.connection_count() != 0 || agent.id_count() != 0 ||
+      if (!node(i).ids.empty() || !node(i).checks.empty() || agent.connection_count() != 0 || agent.id_count() != 0 ||
           agent.pending_request_count() != 0 || agent.next_deadline() || agent.resolver().tracked_links() != 0 ||
           agent.resolver().tracked_attempts() != 0) {
         violation(fmt::format(
@@ -728,6 +955,11 @@ class RoceWorld {
   bool shared_guid_ = false;
   bool shared_qpns_ = false;
   std::uint32_t first_qpn_ = 0;
+  bool checks_ = false;  // R5b: connect() gets the check
+  Duration probe_timeout_{};
+  int probe_tries_ = 1;
+  std::uint32_t check_generation_ = 0;
+  int checking_attempts_ = 0;  // attempts waiting on a check: pump() then watches REQs
   std::optional<std::uint32_t> watched_qpn_;  // R5a: the taken-back request's attempt, while connect() runs
   bool watched_req_sent_ = false;
   ib::IbCmTiming timing_;

@@ -3,6 +3,8 @@
 # on both transports over seeds 1..N (default 100000), printing the table of docs/p2p-resolver.md:
 # how many seeds fail, the first failing seed (how many seeds it takes to catch the mutant) and the
 # first report. A mutant the simulator does not catch on a transport makes the script exit 1.
+# A patch whose first line reads `Transports: roce` (or iwarp) breaks a rule only that transport
+# runs (R5b's check: RoCE only); its mutant runs on that transport alone.
 #   tests/sim/run_mutants.sh [build-dir] [seeds]
 set -euo pipefail
 build=${1:-build/release}
@@ -16,7 +18,9 @@ for patch in "$here"/mutants/*.patch; do
   name=$(basename "$patch"); name=${name%%.*}
   [[ " ${done_names:-} " == *" $name "* ]] && continue
   done_names="${done_names:-} $name"
-  for transport in iwarp roce; do
+  transports=$(sed -s -n '1s/^Transports: *\([a-z ]*\).*$/\1/p' "$here"/mutants/"$name".*patch 2>/dev/null \
+                 | head -1 | sed 's/ *$//')
+  for transport in ${transports:-iwarp roce}; do
     out=$("$build/tests/sim/p2p_sim_$name" --transport "$transport" --seeds "$seeds" --max-reported 1 2>&1 || true)
     failed=$(sed -n 's/.* \([0-9]*\) failed$/\1/p' <<<"$out")
     first=$(sed -n 's/^  first failing seed: //p' <<<"$out")
