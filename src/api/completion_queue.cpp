@@ -146,7 +146,7 @@ std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) {
     if (impl_->count.load(std::memory_order_acquire) == 0) return 0;
   }
   if (!lock.owns_lock()) lock.lock();
-  impl_->context->reactor.note_application_progress();  // a thread taking completions polls, pass or not
+  impl_->context->reactor.note_application_progress_locked();  // a thread taking completions polls, pass or not
   auto& q = *impl_;
   const std::size_t n = std::min(out.size(), q.count.load(std::memory_order_relaxed));
   for (std::size_t i = 0; i < n; ++i) {

@@ -80,10 +80,13 @@ void ContextImpl::poll_pass(std::unique_lock<std::mutex>& lock) {
     reactor.run_once(lock, std::chrono::milliseconds(0));
     return;
   }
-  // Counted whether the pass runs or not: a poller that finds the reactor taken (by the
-  // progress thread, at work) parks that thread after its round.
-  reactor.note_application_progress();
-  if (!lock.try_lock()) return;
+  if (!lock.try_lock()) {
+    // The reactor is taken (by the progress thread, at work, if by anyone): the activity
+    // parks that thread after its round.
+    reactor.note_application_progress();
+    return;
+  }
+  reactor.note_application_progress_locked();
   reactor.run_once(lock, std::chrono::milliseconds(0));
 }
 

@@ -28,6 +28,12 @@ class ProgressHandOff {
   // own, a post that transmitted, a CQ poll that took completions, or a poll that found the
   // reactor taken (its owner then parks after the round).
   void note_application_progress() { activity_.fetch_add(1, std::memory_order_relaxed); }
+  // The same, from a thread that holds the reactor's owner mutex: no locked instruction on a
+  // busy poller's every pass. A concurrent note_application_progress() may be overwritten;
+  // the counter still moves, which is all a look asks.
+  void note_application_progress_locked() {
+    activity_.store(activity_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
   // An application thread sleeps on the reactor itself (CompletionChannel::get_event) from
   // begin to end: the progress thread stays parked throughout, whatever the activity says.
   void begin_blocking_wait() { blocking_waiters_.fetch_add(1, std::memory_order_relaxed); }
@@ -59,8 +65,10 @@ class ProgressHandOff {
   std::uint64_t driving_looks() const { return driving_looks_.load(std::memory_order_relaxed); }
 
  private:
-  std::atomic<std::uint64_t> activity_{0};
-  std::atomic<std::uint32_t> blocking_waiters_{0};
+  // Its own cache line: application threads write it at every pass, and the reactor's fields
+  // beside it are written by whoever drives.
+  alignas(64) std::atomic<std::uint64_t> activity_{0};
+  alignas(64) std::atomic<std::uint32_t> blocking_waiters_{0};
   std::atomic<std::uint64_t> hand_backs_{0};
   // The progress thread's own: what the last look saw.
   std::uint64_t activity_seen_ = 0;

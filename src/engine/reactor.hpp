@@ -111,6 +111,8 @@ class Reactor {
   //
   // An application thread drove a pass, found the reactor taken, or did a poller's work.
   void note_application_progress() { hand_off_.note_application_progress(); }
+  // The same, with the owner mutex held.
+  void note_application_progress_locked() { hand_off_.note_application_progress_locked(); }
   // The application stops driving and sleeps where the reactor cannot see it: the progress
   // thread takes over at once.
   void hand_back();
