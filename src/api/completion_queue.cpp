@@ -145,8 +145,11 @@ std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) {
     impl_->context->poll_pass(lock);
     if (impl_->count.load(std::memory_order_acquire) == 0) return 0;
   }
+  // Taking completions that are there already drives nothing: only the pass above counts as
+  // the application's progress. A program that takes its send completion and then waits for
+  // the peer's RDMA Write by spinning on memory (perftest's ib_write_lat) leaves the progress
+  // thread driving, which places that Write (docs/progress.md, hand-over 2).
   if (!lock.owns_lock()) lock.lock();
-  impl_->context->reactor.note_application_progress_locked();  // a thread taking completions polls, pass or not
   auto& q = *impl_;
   const std::size_t n = std::min(out.size(), q.count.load(std::memory_order_relaxed));
   for (std::size_t i = 0; i < n; ++i) {
