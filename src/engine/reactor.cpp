@@ -51,8 +51,10 @@ class CurrentReactorScope {
 }  // namespace
 
 const TimeSource& steady_time() {
-  static const SteadyTime time;
-  return time;
+  // Never destroyed: a context that lives as long as the process (the C API's devices) keeps
+  // its progress thread reading the clock while static objects are destroyed at exit.
+  static const TimeSource* const time = new SteadyTime();
+  return *time;
 }
 
 namespace {
