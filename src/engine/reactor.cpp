@@ -77,14 +77,17 @@ std::chrono::nanoseconds wait_timeout(Clock::time_point now, std::chrono::millis
   return wait;
 }
 
+timespec to_timespec(std::chrono::nanoseconds duration) {
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(duration);
+  return {.tv_sec = static_cast<time_t>(seconds.count()), .tv_nsec = static_cast<long>((duration - seconds).count())};
+}
+
 // epoll_pwait2 (Linux 5.11) sleeps to the nanosecond; where it fails, epoll_wait's milliseconds,
 // rounded UP so that a timer is never found not-yet-due because the wait ended too soon.
 int wait_for_events(int epoll_fd, epoll_event* events, int max_events, std::chrono::nanoseconds timeout) {
   static std::atomic<bool> has_pwait2{true};
   if (has_pwait2.load(std::memory_order_relaxed)) {
-    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);
-    const timespec ts{.tv_sec = static_cast<time_t>(seconds.count()),
-                      .tv_nsec = static_cast<long>((timeout - seconds).count())};
+    const timespec ts = to_timespec(timeout);
     const int ready = ::epoll_pwait2(epoll_fd, events, max_events, &ts, nullptr);
     if (ready >= 0 || errno == EINTR) return ready;
     // ENOSYS (kernel < 5.11), or EPERM from a seccomp filter that does not know the call.
@@ -270,16 +273,20 @@ void Reactor::run_ready(std::unique_lock<std::mutex>& lock) {
   epoll_round(lock, std::chrono::milliseconds(0));
 }
 
-void Reactor::epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait) {
+std::chrono::nanoseconds Reactor::begin_sleep(std::chrono::milliseconds max_wait) {
   const Clock::time_point before = time_.now();
   const std::chrono::nanoseconds timeout =
       wait_timeout(before, max_wait, timers_.empty() ? nullptr : &timers_.begin()->first);
-
-  std::array<epoll_event, kMaxEvents> events;
   const Clock::time_point my_deadline = before + std::chrono::duration_cast<Clock::duration>(timeout);
   const bool first_sleeper = sleepers_.load(std::memory_order_relaxed) == 0;
   sleep_deadline_ = first_sleeper ? my_deadline : std::max(sleep_deadline_, my_deadline);
   sleepers_.fetch_add(1, std::memory_order_relaxed);
+  return timeout;
+}
+
+void Reactor::epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait) {
+  const std::chrono::nanoseconds timeout = begin_sleep(max_wait);
+  std::array<epoll_event, kMaxEvents> events;
   lock.unlock();
   int ready = wait_for_events(epoll_fd_, events.data(), kMaxEvents, timeout);
   // Awake from here on: whatever is added while this thread waits for the mutex, it sees
@@ -410,20 +417,12 @@ void Reactor::hand_back() {
 bool Reactor::wait_as_driver(std::unique_lock<std::mutex>& lock, int fd, std::chrono::milliseconds max_wait) {
   assert(lock.owns_lock() && lock.mutex() == &owner_);
   const CurrentReactorScope scope(this);
-  const Clock::time_point before = time_.now();
-  const std::chrono::nanoseconds timeout =
-      wait_timeout(before, max_wait, timers_.empty() ? nullptr : &timers_.begin()->first);
   // A sleeper like an epoll round's: add_timer() wakes it for an earlier deadline.
-  const Clock::time_point my_deadline = before + std::chrono::duration_cast<Clock::duration>(timeout);
-  const bool first_sleeper = sleepers_.load(std::memory_order_relaxed) == 0;
-  sleep_deadline_ = first_sleeper ? my_deadline : std::max(sleep_deadline_, my_deadline);
-  sleepers_.fetch_add(1, std::memory_order_relaxed);
+  const std::chrono::nanoseconds timeout = begin_sleep(max_wait);
   hand_off_.begin_blocking_wait();
   lock.unlock();
   std::array<pollfd, 2> fds{pollfd{fd, POLLIN, 0}, pollfd{epoll_fd_, POLLIN, 0}};
-  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(timeout);
-  const timespec ts{.tv_sec = static_cast<time_t>(seconds.count()),
-                    .tv_nsec = static_cast<long>((timeout - seconds).count())};
+  const timespec ts = to_timespec(timeout);
   const int ready = ::ppoll(fds.data(), fds.size(), &ts, nullptr);
   sleepers_.fetch_sub(1, std::memory_order_relaxed);
   lock.lock();

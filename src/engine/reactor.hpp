@@ -165,6 +165,10 @@ class Reactor {
   void thread_main(std::uint64_t generation);
   // Progress thread, owner mutex NOT held: sleeps until `until`, a hand_back() or a stop.
   void park_until(std::uint64_t generation, Clock::time_point until);
+  // Computes how long a sleep of up to `max_wait` may last (the next timer cuts it) and counts
+  // the caller as a sleeper until then, so that add_timer() wakes it for an earlier deadline.
+  // The caller lowers sleepers_ as soon as it wakes. Owner mutex held.
+  std::chrono::nanoseconds begin_sleep(std::chrono::milliseconds max_wait);
   // epoll_wait up to `max_wait` (the mutex released), then the ready fds and due timers.
   void epoll_round(std::unique_lock<std::mutex>& lock, std::chrono::milliseconds max_wait);
 
