@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 
 namespace peercm::engine {
 
@@ -21,8 +22,10 @@ class ProgressHandOff {
   // How long the progress thread stays parked before it looks again. It bounds how late the
   // thread takes over from an application that stops polling without saying so: at most two
   // intervals after its last activity (activity just after a look is seen at the next one,
-  // which parks once more). While an application polls, the thread wakes once per interval.
+  // which parks once more).
   static constexpr Clock::duration kLookInterval = std::chrono::milliseconds(1);
+  // How often a driving application thread asks postpone_look(): every so many activities.
+  static constexpr std::uint64_t kPostponeCheckEvery = 16;
 
   // An application thread drove the reactor or did work that a poller does: a pass of its
   // own, a post that transmitted, a CQ poll that took completions, or a poll that found the
@@ -30,10 +33,23 @@ class ProgressHandOff {
   void note_application_progress() { activity_.fetch_add(1, std::memory_order_relaxed); }
   // The same, from a thread that holds the reactor's owner mutex: no locked instruction on a
   // busy poller's every pass. A concurrent note_application_progress() may be overwritten;
-  // the counter still moves, which is all a look asks.
-  void note_application_progress_locked() {
-    activity_.store(activity_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  // the counter still moves, which is all a look asks. True every kPostponeCheckEvery-th
+  // time: the caller then asks postpone_look() (a clock reading every pass would cost a busy
+  // poller more than the pass).
+  bool note_application_progress_locked() {
+    const std::uint64_t activity = activity_.load(std::memory_order_relaxed) + 1;
+    activity_.store(activity, std::memory_order_relaxed);
+    return activity % kPostponeCheckEvery == 0;
   }
+  // A driving application thread pushes the parked progress thread's next look back, so that
+  // while it polls the thread does not wake at all: each look that finds activity is a
+  // wake-up, a context switch that on a machine with no idle CPU preempts a poller (the
+  // latency tail of docs/progress.md, "Bounds"). Returns the new look time when the thread is
+  // parked and its look is less than half an interval away (the caller moves the thread's
+  // timer there: one system call per half interval at most); nothing otherwise. The
+  // takeover bound stays two intervals after the last activity: a postponed look still finds
+  // activity since the previous one and parks once more.
+  std::optional<Clock::time_point> postpone_look(Clock::time_point now);
   // An application thread sleeps on the reactor itself (CompletionChannel::get_event) from
   // begin to end: the progress thread stays parked throughout, whatever the activity says.
   void begin_blocking_wait() { blocking_waiters_.fetch_add(1, std::memory_order_relaxed); }
@@ -54,7 +70,8 @@ class ProgressHandOff {
   };
   // The progress thread's question, asked before each round and after each park. Drives when
   // the application handed back since the last look, or did nothing since the last look and
-  // no application thread sleeps on the reactor; parks for kLookInterval otherwise.
+  // no application thread sleeps on the reactor; parks for kLookInterval otherwise (until
+  // postpone_look() moves the look later).
   Look look(Clock::time_point now);
 
   // Whether hand_back() came since the last look: ends a park early (Reactor::hand_back).
@@ -70,6 +87,10 @@ class ProgressHandOff {
   alignas(64) std::atomic<std::uint64_t> activity_{0};
   alignas(64) std::atomic<std::uint32_t> blocking_waiters_{0};
   std::atomic<std::uint64_t> hand_backs_{0};
+  // Whether the last look parked, and until when the thread stays parked (the steady clock's
+  // ticks): written by look() and postpone_look().
+  std::atomic<bool> parked_{false};
+  std::atomic<Clock::rep> next_look_{0};
   // The progress thread's own: what the last look saw.
   std::uint64_t activity_seen_ = 0;
   std::uint64_t hand_backs_seen_ = 0;

@@ -6,6 +6,7 @@
 #include <sys/epoll.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -117,6 +118,15 @@ Reactor::Reactor(std::mutex& owner_mutex, const TimeSource& time) : owner_(owner
     ::close(epoll_fd_);
     throw_errno(error, "epoll_ctl(eventfd)");
   }
+  look_timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  park_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (look_timer_fd_ < 0 || park_fd_ < 0) {
+    const int error = errno;
+    if (look_timer_fd_ >= 0) ::close(look_timer_fd_);
+    ::close(wake_fd_);
+    ::close(epoll_fd_);
+    throw_errno(error, look_timer_fd_ < 0 ? "timerfd_create" : "eventfd");
+  }
 }
 
 Reactor::~Reactor() {
@@ -128,6 +138,7 @@ Reactor::~Reactor() {
   }
   if (thread.joinable()) {
     wake();
+    wake_parked_thread();
     assert(thread.get_id() != std::this_thread::get_id() && "~Reactor on its own thread");
     if (thread.get_id() == std::this_thread::get_id()) {
       thread.detach();
@@ -135,6 +146,8 @@ Reactor::~Reactor() {
       thread.join();
     }
   }
+  ::close(park_fd_);
+  ::close(look_timer_fd_);
   ::close(wake_fd_);
   ::close(epoll_fd_);
 }
@@ -373,10 +386,7 @@ void Reactor::stop_thread() {
     thread = std::move(thread_);
   }
   wake();
-  {
-    const std::lock_guard<std::mutex> park(park_mutex_);
-    park_cv_.notify_all();
-  }
+  wake_parked_thread();
   // Its final round needs the owner mutex: the caller must not hold it.
   thread.join();
 }
@@ -402,16 +412,43 @@ void Reactor::thread_main(std::uint64_t generation) {
 }
 
 void Reactor::park_until(std::uint64_t generation, Clock::time_point until) {
-  std::unique_lock<std::mutex> park(park_mutex_);
-  park_cv_.wait_until(park, until, [&] {
-    return run_generation_.load() != generation || hand_off_.handed_back_since_look();
-  });
+  arm_look_timer(until);
+  while (run_generation_.load() == generation && !hand_off_.handed_back_since_look()) {
+    std::array<pollfd, 2> fds{pollfd{look_timer_fd_, POLLIN, 0}, pollfd{park_fd_, POLLIN, 0}};
+    if (::ppoll(fds.data(), fds.size(), nullptr, nullptr) < 0) continue;  // EINTR
+    std::uint64_t count = 0;
+    // Drained so that the next park sleeps; EAGAIN when not readable.
+    if (::read(park_fd_, &count, sizeof count) < 0) count = 0;
+    if ((fds[0].revents & POLLIN) != 0 && ::read(look_timer_fd_, &count, sizeof count) > 0) return;
+  }
+}
+
+void Reactor::arm_look_timer(Clock::time_point at) {
+  // On the steady clock whatever the reactor's clock: a test's virtual time does not pass
+  // while the thread sleeps.
+  const std::chrono::nanoseconds delay = std::max(std::chrono::nanoseconds::zero(), at - time_.now());
+  itimerspec spec{};
+  // Zero would disarm the timer: a look already due fires after a nanosecond.
+  spec.it_value = to_timespec(std::max(delay, std::chrono::nanoseconds(1)));
+  ::timerfd_settime(look_timer_fd_, 0, &spec, nullptr);
+}
+
+void Reactor::postpone_look() {
+  if (const std::optional<Clock::time_point> look_again = hand_off_.postpone_look(time_.now())) {
+    arm_look_timer(*look_again);
+  }
+}
+
+void Reactor::wake_parked_thread() {
+  const std::uint64_t one = 1;
+  // EAGAIN: the counter is saturated, so the eventfd is readable anyway.
+  while (::write(park_fd_, &one, sizeof one) < 0 && errno == EINTR) {
+  }
 }
 
 void Reactor::hand_back() {
   hand_off_.hand_back();
-  const std::lock_guard<std::mutex> park(park_mutex_);
-  park_cv_.notify_all();
+  wake_parked_thread();
 }
 
 bool Reactor::wait_as_driver(std::unique_lock<std::mutex>& lock, int fd, std::chrono::milliseconds max_wait) {

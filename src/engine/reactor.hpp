@@ -17,7 +17,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -111,8 +110,11 @@ class Reactor {
   //
   // An application thread drove a pass, found the reactor taken, or did a poller's work.
   void note_application_progress() { hand_off_.note_application_progress(); }
-  // The same, with the owner mutex held.
-  void note_application_progress_locked() { hand_off_.note_application_progress_locked(); }
+  // The same, with the owner mutex held. Now and then it also pushes the parked thread's next
+  // look back (ProgressHandOff::postpone_look), so that the thread sleeps while it polls.
+  void note_application_progress_locked() {
+    if (hand_off_.note_application_progress_locked()) postpone_look();
+  }
   // The application stops driving and sleeps where the reactor cannot see it: the progress
   // thread takes over at once.
   void hand_back();
@@ -163,8 +165,14 @@ class Reactor {
 
   void dispatch_timers(Clock::time_point now);
   void thread_main(std::uint64_t generation);
-  // Progress thread, owner mutex NOT held: sleeps until `until`, a hand_back() or a stop.
+  // Progress thread, owner mutex NOT held: sleeps until `until` (or later, when a poller
+  // postpones the look), a hand_back() or a stop.
   void park_until(std::uint64_t generation, Clock::time_point until);
+  // Moves the parked thread's timer to the look time postpone_look() gives, if it gives one.
+  void postpone_look();
+  // Sets the look timer to `at` on the reactor's clock.
+  void arm_look_timer(Clock::time_point at);
+  void wake_parked_thread();
   // Computes how long a sleep of up to `max_wait` may last (the next timer cuts it) and counts
   // the caller as a sleeper until then, so that add_timer() wakes it for an earlier deadline.
   // The caller lowers sleepers_ as soon as it wakes. Owner mutex held.
@@ -210,9 +218,11 @@ class Reactor {
   std::atomic<std::uint64_t> run_generation_{0};
 
   ProgressHandOff hand_off_;
-  // Pairs the parked progress thread's sleep with hand_back() and stop_thread().
-  std::mutex park_mutex_;
-  std::condition_variable park_cv_;
+  // The parked progress thread sleeps on both: a timerfd, its next look, which a poller moves
+  // later with one system call and no wake-up, and an eventfd that hand_back() and
+  // stop_thread() write.
+  int look_timer_fd_ = -1;
+  int park_fd_ = -1;
 };
 
 }  // namespace peercm::engine

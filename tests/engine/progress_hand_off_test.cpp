@@ -54,6 +54,67 @@ TEST(ProgressHandOff, ABusyPollerKeepsTheThreadParkedAtOneLookPerInterval) {
   EXPECT_EQ(hand_off.parked_looks(), 100u);
 }
 
+// The same poller, driving with the owner mutex held, postpones the parked thread's look as
+// the reactor does (postpone_look() every kPostponeCheckEvery-th activity): the thread looks
+// once in 100 ms, not once per interval, and its timer is moved at most once per half
+// interval.
+TEST(ProgressHandOff, APollerThatPostponesTheLookKeepsTheThreadAsleep) {
+  ProgressHandOff hand_off;
+  hand_off.note_application_progress();
+  Clock::time_point next_look = hand_off.look(t0).look_again;
+  int postpones = 0;
+  for (Clock::time_point now = t0; now < t0 + 100ms; now += 10us) {
+    if (hand_off.note_application_progress_locked()) {
+      if (const auto later = hand_off.postpone_look(now)) {
+        EXPECT_EQ(*later, now + kInterval);
+        next_look = *later;
+        ++postpones;
+      }
+    }
+    if (now >= next_look) next_look = hand_off.look(now).look_again;
+  }
+  EXPECT_EQ(hand_off.parked_looks(), 1u) << "a look that found the poller is a wake-up";
+  EXPECT_EQ(hand_off.driving_looks(), 0u);
+  EXPECT_GE(postpones, 100ms / kInterval);
+  EXPECT_LE(postpones, 2 * (100ms / kInterval) + 1);
+}
+
+TEST(ProgressHandOff, OnlyAParkedThreadsLookIsPostponed) {
+  ProgressHandOff hand_off;
+  EXPECT_FALSE(hand_off.postpone_look(t0)) << "no look yet";
+  EXPECT_EQ(hand_off.look(t0).decision, Decision::drive);
+  EXPECT_FALSE(hand_off.postpone_look(t0 + 1s)) << "the thread drives";
+  hand_off.note_application_progress();
+  ASSERT_EQ(hand_off.look(t0 + 2s).decision, Decision::park);
+  EXPECT_FALSE(hand_off.postpone_look(t0 + 2s)) << "a whole interval away";
+  EXPECT_EQ(hand_off.postpone_look(t0 + 2s + kInterval / 2), t0 + 2s + kInterval / 2 + kInterval);
+}
+
+// A poller that postponed the look and then stops without saying so: the postponed look finds
+// its activity and parks once more, the next drives, within two intervals of its last activity.
+TEST(ProgressHandOff, AfterPostponedLooksTheThreadStillTakesOverWithinTwoIntervals) {
+  for (Clock::duration last = 0us; last < 3 * kInterval; last += 50us) {
+    ProgressHandOff hand_off;
+    hand_off.note_application_progress();
+    Clock::time_point look_at = hand_off.look(t0).look_again;
+    Clock::time_point drove_at{};
+    for (Clock::time_point now = t0; drove_at == Clock::time_point{}; now += 10us) {
+      if (now <= t0 + last && hand_off.note_application_progress_locked()) {
+        if (const auto later = hand_off.postpone_look(now)) look_at = *later;
+      }
+      if (now < look_at) continue;
+      const auto look = hand_off.look(now);
+      if (look.decision == Decision::drive) {
+        drove_at = now;
+      } else {
+        look_at = look.look_again;
+      }
+    }
+    EXPECT_GT(drove_at, t0 + last);
+    EXPECT_LE(drove_at - (t0 + last), 2 * kInterval) << "last activity at +" << last.count() << " ns";
+  }
+}
+
 // An application that stops polling without saying so (it goes off to compute): the thread
 // drives within two intervals of the last activity, wherever that falls between two looks.
 TEST(ProgressHandOff, TheThreadTakesOverWithinTwoIntervalsOfTheLastActivity) {

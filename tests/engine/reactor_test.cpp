@@ -765,6 +765,38 @@ TEST_F(ReactorTest, ProgressThreadParksWhileAnApplicationThreadPollsAndTakesOver
 
 TEST_F(ReactorTest, ProgressThreadTakesOverWhenThePollerHandsBack) { PollThenStop(reactor, lock, true); }
 
+// A poller that drives with the mutex held (ContextImpl::poll_pass) moves the parked thread's
+// timer ahead of it: the thread sleeps through the polling instead of waking once per
+// interval to find it, and still takes over once the polling stops.
+TEST_F(ReactorTest, APollerHoldingTheMutexKeepsTheProgressThreadAsleep) {
+  Pipe p;
+  DispatchLog log;
+  ASSERT_TRUE(reactor.add(p.r, kIn, [&](std::uint32_t) {
+    if (p.drain()) log.add();
+  }));
+  reactor.note_application_progress();
+  reactor.start_thread();
+  lock.unlock();
+  ASSERT_TRUE(wait_for([&] { return reactor.hand_off().parked_looks() > 0; }));
+  const std::uint64_t looks_before = reactor.hand_off().parked_looks();
+  const auto poll_for = 40 * ProgressHandOff::kLookInterval;
+  const auto poll_until = Clock::now() + poll_for;
+  while (Clock::now() < poll_until) {
+    lock.lock();
+    reactor.note_application_progress_locked();
+    reactor.run_once(lock, 0ms);
+    lock.unlock();
+  }
+  // Without the postponing this is one look per interval, 40. Loose: a loaded machine may
+  // keep this thread off the CPU past half an interval now and then.
+  EXPECT_LE(reactor.hand_off().parked_looks() - looks_before, 10u) << "the parked thread woke to look";
+  EXPECT_EQ(reactor.hand_off().driving_looks(), 0u);
+  p.put();
+  EXPECT_TRUE(wait_for([&] { return log.count() == 1; })) << "nobody took over from the poller";
+  lock.lock();
+  reactor.remove(p.r);
+}
+
 // CompletionChannel::get_event: an application thread sleeps on the reactor and drives it; the
 // progress thread, started while it sleeps, stays parked, so the waiter takes the pipe itself
 // and is woken once for it.
