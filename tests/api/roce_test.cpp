@@ -490,7 +490,7 @@ TEST(Roce, P2pAttemptEndsAtTheIdsConnectTimeout) {
 }
 
 // The same bound for a client/server attempt: the id's connect timeout, not the IB CM's REQ
-// retries (≈ 4.3 s each by default), ends it; UNREACHABLE, since the peer never spoke.
+// retries (≈ 4.8 s each by default), ends it; UNREACHABLE, since the peer never spoke.
 TEST(Roce, ClientServerAttemptEndsAtTheIdsConnectTimeout) {
   const sockaddr_in silent = random_loopback(7471);
   const int holder = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);

@@ -2,7 +2,7 @@
 // a sans-IO core: verbs, received UDP payloads and time in; datagrams and completions out.
 // Every message is one packet (UD SEND ONLY, with Immediate or not: BTH + DETH + payload of
 // at most one PMTU), nothing is acknowledged or resent, and a receive gets the 40-byte GRH
-// area in front of the payload (roce-transport.md, "UD queue pairs").
+// area in front of the payload (c-api.md, "RoCE without the CM").
 //
 // Receive rules, each dropping the datagram silently and counting it (UdStats): it must
 // decode (length, opcode, pad), carry a UD opcode, name this QP, pass the ICRC, carry this
