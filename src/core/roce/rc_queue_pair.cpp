@@ -249,7 +249,7 @@ void RcQueuePair::enter_error(const RcEvent& event) {
   rnr_until_.reset();
   keepalive_due_.reset();
   probe_owed_ = false;
-  recovery_probe_owed_ = false;
+  recovery_probes_owed_ = 0;
   // Answers the responder already owes (and its final NAK) still leave after its own
   // error, so that the peer learns why; any other error ends the conversation.
   const bool responder_cause = event.cause == RcErrorCause::invalid_request ||
