@@ -169,6 +169,10 @@ void RcQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, con
     ++stats_.dropped_foreign_source;
     return;
   }
+  if (behind_naked_gap(udp_payload)) {
+    ++stats_.dropped_unexpected;
+    return;
+  }
   // §1.4, §1.5: the sender used ID 0 with DF, from its address to ours.
   const w::IcrcPseudoHeader pseudo{
       .ip = w::Ipv4IcrcFields{.source = params_.remote_ip, .destination = params_.local_ip},

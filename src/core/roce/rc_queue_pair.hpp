@@ -190,6 +190,7 @@ class RcQueuePair {
 
   // rc_responder.cpp
   void handle_request(const wire::roce::PacketView& packet);
+  bool behind_naked_gap(std::span<const std::uint8_t> udp_payload) const;
   void execute_request(const wire::roce::PacketView& packet);
   void handle_duplicate(const wire::roce::PacketView& packet);
   enum class AckTiming : std::uint8_t { now, may_wait_for_reply };

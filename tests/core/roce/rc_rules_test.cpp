@@ -763,6 +763,40 @@ TEST(RcRules, DuplicateSendIsAcknowledgedAgainNotExecutedAgain) {
   EXPECT_EQ(wire.b.qp.stats().duplicate_requests, 1u);
 }
 
+// Behind a NAKed gap, requests after it are dropped on their BTH, before their ICRC is
+// computed: nothing answers them either way (§2.4, §1.3). The PSN the responder expects is
+// still checked in full: a corrupted copy of it does not execute.
+TEST(RcRules, RequestsBehindANakedGapAreDroppedUncheckedButTheExpectedPsnIsChecked) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64 * 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    fill_pattern(src.bytes(i * 16, 16), 70 + static_cast<std::uint64_t>(i));
+    ASSERT_TRUE(wire.b.recv(10 + i, {dst.sge(i * 64, 64)}));
+    ASSERT_TRUE(wire.a.post(i, WrOpcode::send, {src.sge(i * 16, 16)}));
+  }
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 3u);
+  wire.deliver(1, out[1]);  // 101 while 100 is expected: the NAK
+  ASSERT_EQ(wire.drain(1).size(), 1u);
+  auto corrupt = [](Bytes d) {
+    d[w::kBthSize + 3] ^= 0x10;
+    return d;
+  };
+  wire.deliver(1, corrupt(out[2]));  // ahead of the gap: dropped on its BTH
+  wire.deliver(1, out[2]);
+  EXPECT_EQ(wire.b.qp.stats().dropped_bad_icrc, 0u);
+  EXPECT_EQ(wire.b.qp.stats().dropped_unexpected, 3u);
+  wire.deliver(1, corrupt(out[0]));  // the expected PSN, corrupted: its ICRC is checked
+  EXPECT_EQ(wire.b.qp.stats().dropped_bad_icrc, 1u);
+  EXPECT_TRUE(wire.b.rcq.wcs.empty());
+  EXPECT_TRUE(wire.drain(1).empty());  // no answer to any of them, no second NAK
+  for (const Bytes& d : out) wire.deliver(1, d);  // the go-back
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(has_pattern(dst.bytes(i * 64, 16), 70 + static_cast<std::uint64_t>(i)));
+  EXPECT_EQ(wire.b.qp.stats().sequence_naks_sent, 1u);
+}
+
 TEST(RcRules, BadIcrcIsDroppedAndCounted) {
   Wire wire;
   Mr src = wire.a.reg(64);
