@@ -4,7 +4,7 @@
 # (iwarp, roce, iwarp, roce, ...) REPEAT times and reports the median of each and of the
 # per-pair ratios. Then the RoCE Write bandwidth on a wire that drops 1 % of the datagrams
 # each way (perf --drop) against the clean wire, and the latency tails (p99 / median) of both
-# transports in the default configuration.
+# transports. Every run is in the default configuration (no pinning).
 #   usage: bench/roce_ratios.sh [REPEAT]   (default 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,8 +41,9 @@ print(f"{name:<30} iwarp {statistics.median(iwarp):8.2f}  roce {statistics.media
 PY
 }
 
-# --pin: both busy-polling ends on their own CPUs (docs/performance.md).
-figure "send latency 8 B (us)"        1.10 le --op send  --mode lat --size 8 --iters 3000 --pin
+# The default configuration, as every figure here: no pinning (docs/performance.md,
+# "Pinning is for exploring"), so both transports' runs share the CPUs the same way.
+figure "send latency 8 B (us)"        1.10 le --op send  --mode lat --size 8 --iters 3000
 figure "write bandwidth 1 MiB (MB/s)" 0.70 ge --op write --mode bw  --size 1048576 --iters 300
 
 # Loss: the RoCE Write stream on a wire that drops 1 % of the datagrams each way, paired with

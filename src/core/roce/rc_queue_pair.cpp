@@ -169,6 +169,10 @@ void RcQueuePair::handle_datagram(std::span<const std::uint8_t> udp_payload, con
     ++stats_.dropped_foreign_source;
     return;
   }
+  if (behind_naked_gap(udp_payload)) {
+    ++stats_.dropped_unexpected;
+    return;
+  }
   // §1.4, §1.5: the sender used ID 0 with DF, from its address to ours.
   const w::IcrcPseudoHeader pseudo{
       .ip = w::Ipv4IcrcFields{.source = params_.remote_ip, .destination = params_.local_ip},
@@ -249,7 +253,7 @@ void RcQueuePair::enter_error(const RcEvent& event) {
   rnr_until_.reset();
   keepalive_due_.reset();
   probe_owed_ = false;
-  recovery_probe_owed_ = false;
+  recovery_probes_owed_ = 0;
   // Answers the responder already owes (and its final NAK) still leave after its own
   // error, so that the peer learns why; any other error ends the conversation.
   const bool responder_cause = event.cause == RcErrorCause::invalid_request ||

@@ -9,6 +9,7 @@
 // rc_transmit.cpp (packet building, ICRC, both output forms).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -189,6 +190,7 @@ class RcQueuePair {
 
   // rc_responder.cpp
   void handle_request(const wire::roce::PacketView& packet);
+  bool behind_naked_gap(std::span<const std::uint8_t> udp_payload) const;
   void execute_request(const wire::roce::PacketView& packet);
   void handle_duplicate(const wire::roce::PacketView& packet);
   enum class AckTiming : std::uint8_t { now, may_wait_for_reply };
@@ -239,13 +241,16 @@ class RcQueuePair {
   std::optional<Time> rnr_until_;
   // Loss recovery on the measured round trip (docs/roce-transport.md, "Loss recovery"): a
   // loss that no NAK reports (the tail of a burst, the NAK itself, a resend lost again) gets,
-  // after the RTT-based timeout, first a probe (the newest packet again, with AckReq), then
-  // go-back-N from una; each spends no retry and doubles the timeout, and the local ACK timer
-  // above still decides when the peer is gone.
+  // after the RTT-based timeout, first a probe (una's packet and the newest again, with
+  // AckReq), then go-back-N from una; each spends no retry and doubles the timeout, and the
+  // local ACK timer above still decides when the peer is gone.
   std::optional<Time> recovery_deadline_;
   std::uint32_t recovery_backoff_ = 0;
-  bool recovery_probe_owed_ = false;
-  // The PSNs kept unacknowledged at most: send_window, less after go-backs (shrink_window).
+  // The probe's packets still to send (recovery_timeout): una's, then the newest's.
+  std::array<std::uint32_t, 2> recovery_probe_psns_{};
+  std::uint8_t recovery_probes_owed_ = 0;
+  // The PSNs kept unacknowledged at most: send_window, less after the recovery timer's
+  // go-backs (shrink_window).
   std::uint32_t window_ = 0;
   std::uint32_t window_credit_ = 0;
   bool recovery_probed_ = false;  // since the last progress

@@ -23,8 +23,9 @@ namespace {
 // thread lost the CPU for longer merely answers the probe as a duplicate.
 constexpr Duration kMinRecoveryTimeout = std::chrono::microseconds(250);
 constexpr Duration kInitialRecoveryTimeout = std::chrono::milliseconds(2);
-// The go-back window (RcQueuePair::window_): halved by each go-back, never below kMinWindow,
-// and one PSN larger per kWindowGrowth PSNs acknowledged, up to send_window.
+// The go-back window (RcQueuePair::window_): halved by each go-back of the recovery timer,
+// never below kMinWindow, and one PSN larger per kWindowGrowth PSNs acknowledged, up to
+// send_window.
 constexpr std::uint32_t kMinWindow = 16;
 constexpr std::uint32_t kWindowGrowth = 4;
 
@@ -296,14 +297,16 @@ void RcQueuePair::go_back(std::uint32_t psn, bool counts_as_retry) {
   }
   went_back_to_ = psn;
   rtt_sample_psn_.reset();
-  shrink_window();
   set_cursor(psn);
   restart_ack_timer();
 }
 
-// Everything in flight behind a loss is resent (the responder drops what follows a gap,
-// §2.4), so each go-back halves the PSNs kept in flight: on a wire that loses packets fewer
-// are sent twice, and on one that does not, the window stays at send_window.
+// A go-back that the recovery timer had to make (neither NAK nor ACK within the timeout,
+// even to the probe: a path or a peer that went silent) halves the PSNs kept in flight, so
+// that the next silence costs fewer resends; ACKs grow it back. A NAK's go-back keeps the
+// window: the responder is there and answering, and a requester that waits for ACKs moves
+// at most a window per round trip, so a halved window costs more round trips than the
+// resends it saves (docs/roce-transport.md, "Loss recovery").
 void RcQueuePair::shrink_window() {
   window_ = std::max(std::min(kMinWindow, params_.send_window), window_ / 2);
   window_credit_ = 0;
@@ -329,22 +332,36 @@ void RcQueuePair::requester_timeout() {
 // but it spends no retry and leaves that timer running, so a peer that is gone is still
 // declared so after retry_cnt local ACK timeouts, exactly as without it.
 //
-// First a probe, the newest packet sent once more with AckReq. A peer that was only slow
-// answers it as a duplicate with an ACK of everything: one packet spent, not a window. A
-// lost tail makes it out of sequence there: the NAK that the lost packets could not cause.
-// A probe unanswered (the NAK or a resend was lost, and the responder NAKs a gap once, §2.4)
-// is followed by go-back-N from una. A READ's request is never probed: resent, it would
-// replay its responses.
+// First a probe of two packets sent once more with AckReq: the oldest unacknowledged (una)
+// and the newest. Whatever was lost, one expiry recovers a single loss:
+// * only an ACK lost, or a peer that was merely slow: both are duplicates there, answered
+//   with an ACK of everything (§2.10): two packets spent, not a window;
+// * the tail lost: una executes, or is a duplicate, and the newest is out of sequence: the
+//   NAK that the lost packets could not cause;
+// * the NAK lost, or the resend that followed a NAK: the responder NAKs a gap once and drops
+//   what follows (§2.4), so the newest alone would go unanswered, but una is the PSN it
+//   expects: it executes, which ends the gap, and the newest then gets the new gap's NAK.
+// A probe unanswered is followed by go-back-N from una. A READ's request is never probed:
+// resent, it would replay its responses.
 void RcQueuePair::recovery_timeout() {
   recovery_deadline_.reset();
   if (una_psn_ == sent_end_psn_ || rnr_until_) return;
   ++stats_.recovery_timeouts;
   ++recovery_backoff_;
   rtt_sample_psn_.reset();
-  const SendEntry* newest = entry_with_psn(w::psn_sub(sent_end_psn_, 1));
-  if (!recovery_probed_ && newest && newest->wr.opcode != WrOpcode::rdma_read) {
+  recovery_probes_owed_ = 0;
+  if (!recovery_probed_) {
+    const std::uint32_t newest_psn = w::psn_sub(sent_end_psn_, 1);
+    for (const std::uint32_t psn : {una_psn_, newest_psn}) {
+      const SendEntry* entry = entry_with_psn(psn);
+      if (!entry || entry->wr.opcode == WrOpcode::rdma_read) continue;
+      if (recovery_probes_owed_ > 0 && recovery_probe_psns_[0] == psn) continue;  // una is the newest
+      recovery_probe_psns_[recovery_probes_owed_++] = psn;
+    }
+  }
+  if (recovery_probes_owed_ > 0) {
     recovery_probed_ = true;
-    recovery_probe_owed_ = true;
+    ++stats_.recovery_probes;
   } else {
     went_back_to_ = una_psn_;
     shrink_window();
@@ -353,23 +370,28 @@ void RcQueuePair::recovery_timeout() {
   arm_recovery_timer();
 }
 
-// The probe: the packet at the newest PSN sent, built as it was first sent (the same
-// opcode and payload), but asking for an ACK. The send cursor stays where it was.
+// A probe packet: the one at a PSN already sent, built as it was first sent (the same
+// opcode and payload; §2.8: MIDDLE/LAST without RETH from inside a message), but asking for
+// an ACK. The send cursor stays where it was.
 bool RcQueuePair::next_recovery_probe(TxPlan& plan) {
-  if (!recovery_probe_owed_) return false;
-  recovery_probe_owed_ = false;
-  if (state_ != QpState::rts || una_psn_ == sent_end_psn_ || rnr_until_) return false;
-  const std::uint64_t seq = tx_seq_;
-  const std::uint32_t pkt = tx_pkt_, psn = tx_psn_;
-  set_cursor(w::psn_sub(sent_end_psn_, 1));
-  const bool built = next_request(plan);
-  tx_seq_ = seq;
-  tx_pkt_ = pkt;
-  tx_psn_ = psn;
-  if (!built) return false;
-  plan.headers.bth.ack_request = true;
-  ++stats_.recovery_probes;
-  return true;
+  while (recovery_probes_owed_ > 0) {
+    const std::uint32_t probe_psn = recovery_probe_psns_[0];
+    recovery_probe_psns_[0] = recovery_probe_psns_[1];
+    --recovery_probes_owed_;
+    const bool outstanding = w::psn_in_range(probe_psn, una_psn_, w::psn_distance(una_psn_, sent_end_psn_));
+    if (state_ != QpState::rts || rnr_until_ || !outstanding) continue;  // acknowledged meanwhile: nothing to ask
+    const std::uint64_t seq = tx_seq_;
+    const std::uint32_t pkt = tx_pkt_, psn = tx_psn_;
+    set_cursor(probe_psn);
+    const bool built = next_request(plan);
+    tx_seq_ = seq;
+    tx_pkt_ = pkt;
+    tx_psn_ = psn;
+    if (!built) continue;
+    plan.headers.bth.ack_request = true;
+    return true;
+  }
+  return false;
 }
 
 // ---------------------------------------------------------------- keepalive

@@ -77,6 +77,18 @@ void RcQueuePair::handle_request(const w::PacketView& packet) {
   execute_request(packet);
 }
 
+// §2.4: once a gap is NAKed, every request after it is dropped with no answer and no
+// effect until ePSN arrives; §1.3: so is a packet whose ICRC is wrong. Such a request is
+// therefore dropped on its BTH alone, before its ICRC is computed: after a loss the peer
+// sends up to a window of them (go-back-N), and a bad ICRC would end the same way. It is not
+// a sign of life (heard_from_peer): nothing about it was verified.
+bool RcQueuePair::behind_naked_gap(std::span<const std::uint8_t> udp_payload) const {
+  if (!sequence_nak_sent_ || udp_payload.size() < w::kBthSize) return false;
+  const auto bth = w::decode_bth(udp_payload.first<w::kBthSize>());
+  return bth && bth->destination_qp == params_.local_qpn && w::opcode_transport(bth->opcode) == w::kTransportRc &&
+         w::is_request(bth->opcode) && w::classify_psn(bth->psn, epsn_) == w::PsnOrder::ahead;
+}
+
 void RcQueuePair::execute_request(const w::PacketView& packet) {
   const w::PacketHeaders& h = packet.headers;
   const std::uint32_t psn = h.bth.psn;

@@ -32,7 +32,7 @@ bool RcQueuePair::next_packet(TxPlan& plan) {
 
 bool RcQueuePair::has_datagram() const {
   const bool held = ack_held() && now_ < *ack_hold_until_;
-  return (!responses_.empty() && !held) || requester_ready() || probe_owed_ || recovery_probe_owed_;
+  return (!responses_.empty() && !held) || requester_ready() || probe_owed_ || recovery_probes_owed_ > 0;
 }
 
 std::size_t RcQueuePair::max_datagram_size() const {

@@ -486,46 +486,64 @@ std::function<bool(int, const w::PacketView&)> once(Match match) {
   };
 }
 
-// The last packet lost: nothing behind it makes the responder NAK. The probe (that packet
-// again) is the resend.
+// The last packet lost: nothing behind it makes the responder NAK. The probe's newest packet
+// is the resend; its una packet (100) is a duplicate there.
 TEST(RcRules, LostTailIsResentByTheRecoveryProbe) {
   LossCase c(once([](int from, const w::PacketView& v) { return from == 0 && v.headers.bth.psn == 102; }));
   c.expect_delivered();
   EXPECT_EQ(c.wire.a.qp.stats().recovery_timeouts, 1u);
   EXPECT_EQ(c.wire.a.qp.stats().recovery_probes, 1u);
-  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 1u);
+  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 2u);  // una and the newest, not the window
   EXPECT_LT(c.wire.now - Time{}, local_ack_timeout_duration(12) / 4);
 }
 
-// The ACK lost (or a peer too slow to answer in time): the probe is a duplicate there, answered
-// with an ACK of everything. One packet is resent, not the window.
+// The ACK lost (or a peer too slow to answer in time): both probe packets are duplicates
+// there, answered with an ACK of everything. Two packets are resent, not the window.
 TEST(RcRules, LostAckCostsOneProbe) {
   LossCase c(once([](int from, const w::PacketView& v) { return from == 1 && v.headers.bth.opcode == O::rc_acknowledge; }));
   c.expect_delivered();
+  EXPECT_EQ(c.wire.a.qp.stats().recovery_timeouts, 1u);
   EXPECT_EQ(c.wire.a.qp.stats().recovery_probes, 1u);
-  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 1u);
-  EXPECT_EQ(c.wire.b.qp.stats().duplicate_requests, 1u);
+  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 2u);
+  EXPECT_EQ(c.wire.b.qp.stats().duplicate_requests, 2u);
 }
 
-// The first packet and the NAK it caused both lost: the responder NAKs a gap once, so the probe
-// goes unanswered, and the next recovery timeout goes back to una.
-TEST(RcRules, LostNakIsRecoveredByGoBackAfterTheProbe) {
+// The first packet and the NAK it caused both lost: the responder NAKs a gap once and drops
+// what follows, so the newest packet alone would go unanswered. The probe's una packet is the
+// PSN the responder expects: it executes, and the newest behind it gets the next gap's NAK.
+// One recovery timeout, not a probe and then a go-back.
+TEST(RcRules, LostNakIsRecoveredWithinOneRecoveryTimeout) {
   auto first = once([](int from, const w::PacketView& v) { return from == 0 && v.headers.bth.psn == 100; });
   auto nak = once([](int from, const w::PacketView& v) {
     return from == 1 && v.headers.aeth.kind == w::AethKind::nak;
   });
   LossCase c([first, nak](int from, const w::PacketView& v) { return first(from, v) || nak(from, v); });
   c.expect_delivered();
-  EXPECT_EQ(c.wire.b.qp.stats().sequence_naks_sent, 1u);
-  EXPECT_EQ(c.wire.a.qp.stats().recovery_timeouts, 2u);
+  EXPECT_EQ(c.wire.b.qp.stats().sequence_naks_sent, 2u);  // 101 after the lost 100, then 101 again
+  EXPECT_EQ(c.wire.a.qp.stats().recovery_timeouts, 1u);
   EXPECT_EQ(c.wire.a.qp.stats().recovery_probes, 1u);
-  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 4u);  // the probe, then 100-102
-  EXPECT_LT(c.wire.now - Time{}, local_ack_timeout_duration(12) / 2);
+  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 4u);  // the probe (100, 102), then 101-102
+  EXPECT_LT(c.wire.now - Time{}, local_ack_timeout_duration(12) / 4);
 }
 
-// A go-back resends everything in flight behind the loss, so it halves the window; ACKs
-// grow it back to send_window. Neither changes what arrives.
-TEST(RcRules, GoBackHalvesTheWindowAndAcknowledgementsRestoreIt) {
+// A NAK answered, but the resend of the NAKed PSN lost as well: the responder has NAKed that
+// gap and stays silent. One recovery timeout: the probe's una packet is that PSN.
+TEST(RcRules, LostResendIsRecoveredWithinOneRecoveryTimeout) {
+  auto sends_of_101 = std::make_shared<int>(0);
+  LossCase c([sends_of_101](int from, const w::PacketView& v) {
+    return from == 0 && v.headers.bth.psn == 101 && ++*sends_of_101 <= 2;  // the first two sends
+  });
+  c.expect_delivered();
+  EXPECT_EQ(c.wire.a.qp.stats().sequence_naks_received, 1u);
+  EXPECT_EQ(c.wire.a.qp.stats().recovery_timeouts, 1u);
+  EXPECT_EQ(c.wire.a.qp.stats().retransmitted_packets, 4u);  // 101-102 after the NAK, the probe (101, 102)
+  EXPECT_LT(c.wire.now - Time{}, local_ack_timeout_duration(12) / 4);
+}
+
+// A long stream losing one packet in the middle: the NAK sends the requester back at once
+// (no timer), with the window kept (the responder answered; halving it would cost a round
+// trip per half window from then on), and what is resent is bounded by that window.
+TEST(RcRules, LostPacketInMidStreamCostsNoTimerAndAtMostAWindowOfResends) {
   Wire wire;  // PMTU 256, send_window 128
   constexpr std::uint32_t kPackets = 1000;
   Mr src = wire.a.reg(kPackets * 256);
@@ -536,14 +554,52 @@ TEST(RcRules, GoBackHalvesTheWindowAndAcknowledgementsRestoreIt) {
   const auto first = wire.drain(0);
   ASSERT_EQ(first.size(), 128u);  // the full window
   for (const Bytes& d : first)
-    if (Wire::view(d).headers.bth.psn != 100) wire.deliver(1, d);  // the first one lost
+    if (Wire::view(d).headers.bth.psn != 150) wire.deliver(1, d);  // one lost in the middle
   const auto nak = wire.drain(1);
-  ASSERT_EQ(nak.size(), 1u);
-  EXPECT_EQ(Wire::view(nak[0]).headers.aeth.kind, w::AethKind::nak);
+  ASSERT_EQ(nak.size(), 2u);  // the ACK of 100-149 (AckReq on 131), then the NAK of 150
+  EXPECT_EQ(Wire::view(nak[1]).headers.aeth.kind, w::AethKind::nak);
   for (const Bytes& d : nak) wire.deliver(0, d);
   const auto resent = wire.drain(0);
-  ASSERT_EQ(resent.size(), 64u);  // half the window, from the lost PSN on
+  ASSERT_EQ(resent.size(), 128u);  // a full window again, from the lost PSN on
+  EXPECT_EQ(Wire::view(resent.front()).headers.bth.psn, 150u);
+  for (const Bytes& d : resent) wire.deliver(1, d);
+  wire.run();
+  ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
+  EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::success);
+  EXPECT_TRUE(has_pattern(dst.bytes(0, kPackets * 256), 4));
+  EXPECT_EQ(wire.a.qp.stats().recovery_timeouts, 0u);
+  EXPECT_EQ(wire.a.qp.stats().ack_timeouts, 0u);
+  EXPECT_EQ(wire.a.qp.stats().retransmitted_packets, 128u - 50u);  // 150-227: sent twice
+}
+
+// A go-back that only the recovery timer could make (the wire went silent both ways: the
+// probe unanswered as well) halves the window; ACKs grow it back to send_window.
+TEST(RcRules, TimerGoBackHalvesTheWindowAndAcknowledgementsRestoreIt) {
+  Wire wire;  // PMTU 256, send_window 128
+  constexpr std::uint32_t kPackets = 1000;
+  Mr src = wire.a.reg(kPackets * 256);
+  Mr dst = wire.b.reg(kPackets * 256);
+  fill_pattern(src.bytes(0, kPackets * 256), 4);
+  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, kPackets * 256)}));
+  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, kPackets * 256)}));
+  ASSERT_EQ(wire.drain(0).size(), 128u);  // the full window, all lost
+  auto expire = [&] {
+    const auto deadline = wire.a.qp.next_deadline();
+    ASSERT_TRUE(deadline.has_value());
+    wire.now = *deadline;
+    wire.a.qp.handle_timeout(wire.now);
+  };
+  expire();
+  const auto probe = wire.drain(0);
+  ASSERT_EQ(probe.size(), 2u);  // una and the newest, lost as well
+  EXPECT_EQ(Wire::view(probe[0]).headers.bth.psn, 100u);
+  EXPECT_EQ(Wire::view(probe[1]).headers.bth.psn, 227u);
+  expire();
+  const auto resent = wire.drain(0);
+  ASSERT_EQ(resent.size(), 64u);  // half the window, from una on
   EXPECT_EQ(Wire::view(resent.front()).headers.bth.psn, 100u);
+  EXPECT_EQ(wire.a.qp.stats().recovery_timeouts, 2u);
+  EXPECT_EQ(wire.a.qp.stats().ack_timeouts, 0u);
   for (const Bytes& d : resent) wire.deliver(1, d);
   wire.run();
   ASSERT_EQ(wire.a.scq.wcs.size(), 1u);
@@ -572,8 +628,11 @@ TEST(RcRules, RetryExceededWhenThePeerIsGone) {
   EXPECT_EQ(wire.a.qp.stats().ack_timeouts, 4u);  // the first timeout and three retries
   EXPECT_EQ(wire.now - Time{}, 4 * local_ack_timeout_duration(12));
   EXPECT_GT(wire.a.qp.stats().recovery_timeouts, 0u);
-  // 3 + 1 + 1 PSNs each time: three retries and every recovery resend
-  EXPECT_EQ(wire.a.qp.stats().retransmitted_packets, 5u * (3u + wire.a.qp.stats().recovery_timeouts));
+  // 3 + 1 + 1 PSNs each time: three retries and every recovery go-back; the one probe is
+  // una's packet alone (the newest request is a READ, never probed)
+  const RcStats& stats = wire.a.qp.stats();
+  EXPECT_EQ(stats.recovery_probes, 1u);
+  EXPECT_EQ(stats.retransmitted_packets, 5u * (3u + stats.recovery_timeouts - stats.recovery_probes) + 1u);
   ASSERT_EQ(wire.a.scq.wcs.size(), 3u);
   EXPECT_EQ(wire.a.scq.wcs[0].wr_id, 1u);
   EXPECT_EQ(wire.a.scq.wcs[0].status, WcStatus::retry_exceeded);
@@ -702,6 +761,40 @@ TEST(RcRules, DuplicateSendIsAcknowledgedAgainNotExecutedAgain) {
   EXPECT_EQ(wire.b.rcq.wcs.size(), 1u);
   EXPECT_EQ(wire.b.qp.recv_queue_size(), 1u);
   EXPECT_EQ(wire.b.qp.stats().duplicate_requests, 1u);
+}
+
+// Behind a NAKed gap, requests after it are dropped on their BTH, before their ICRC is
+// computed: nothing answers them either way (§2.4, §1.3). The PSN the responder expects is
+// still checked in full: a corrupted copy of it does not execute.
+TEST(RcRules, RequestsBehindANakedGapAreDroppedUncheckedButTheExpectedPsnIsChecked) {
+  Wire wire;
+  Mr src = wire.a.reg(64);
+  Mr dst = wire.b.reg(64 * 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    fill_pattern(src.bytes(i * 16, 16), 70 + static_cast<std::uint64_t>(i));
+    ASSERT_TRUE(wire.b.recv(10 + i, {dst.sge(i * 64, 64)}));
+    ASSERT_TRUE(wire.a.post(i, WrOpcode::send, {src.sge(i * 16, 16)}));
+  }
+  const auto out = wire.drain(0);
+  ASSERT_EQ(out.size(), 3u);
+  wire.deliver(1, out[1]);  // 101 while 100 is expected: the NAK
+  ASSERT_EQ(wire.drain(1).size(), 1u);
+  auto corrupt = [](Bytes d) {
+    d[w::kBthSize + 3] ^= 0x10;
+    return d;
+  };
+  wire.deliver(1, corrupt(out[2]));  // ahead of the gap: dropped on its BTH
+  wire.deliver(1, out[2]);
+  EXPECT_EQ(wire.b.qp.stats().dropped_bad_icrc, 0u);
+  EXPECT_EQ(wire.b.qp.stats().dropped_unexpected, 3u);
+  wire.deliver(1, corrupt(out[0]));  // the expected PSN, corrupted: its ICRC is checked
+  EXPECT_EQ(wire.b.qp.stats().dropped_bad_icrc, 1u);
+  EXPECT_TRUE(wire.b.rcq.wcs.empty());
+  EXPECT_TRUE(wire.drain(1).empty());  // no answer to any of them, no second NAK
+  for (const Bytes& d : out) wire.deliver(1, d);  // the go-back
+  ASSERT_EQ(wire.b.rcq.wcs.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_TRUE(has_pattern(dst.bytes(i * 64, 16), 70 + static_cast<std::uint64_t>(i)));
+  EXPECT_EQ(wire.b.qp.stats().sequence_naks_sent, 1u);
 }
 
 TEST(RcRules, BadIcrcIsDroppedAndCounted) {
