@@ -141,22 +141,33 @@ CompletionQueue::~CompletionQueue() {
 
 std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) {
   std::unique_lock lock(impl_->context->mutex, std::defer_lock);
+  bool waited = false;
   if (impl_->count.load(std::memory_order_acquire) == 0) {
     impl_->context->poll_pass(lock);
     if (impl_->count.load(std::memory_order_acquire) == 0) return 0;
+    waited = true;
   }
   // Taking completions that are there already drives nothing: only the pass above counts as
-  // the application's progress. A program that takes its send completion and then waits for
-  // the peer's RDMA Write by spinning on memory (perftest's ib_write_lat) leaves the progress
-  // thread driving, which places that Write (docs/progress.md, hand-over 2).
+  // the application's progress.
   if (!lock.owns_lock()) lock.lock();
   auto& q = *impl_;
   const std::size_t n = std::min(out.size(), q.count.load(std::memory_order_relaxed));
+  bool write_completed = false;
   for (std::size_t i = 0; i < n; ++i) {
     out[i] = q.ring[q.head];
+    write_completed |= out[i].opcode == WcOpcode::rdma_write;
     if (++q.head == q.ring.size()) q.head = 0;
   }
   q.count.store(q.count.load(std::memory_order_relaxed) - n, std::memory_order_release);
+  // This poll's own pass ended its wait with an RDMA Write's completion (an ACK over RoCE,
+  // the last byte handed to TCP over iWARP): the program's next wait is, as a rule, for the
+  // peer's Write, which it watches in memory without calling the library (perftest's
+  // ib_write_lat). Its passes parked the progress thread, so that Write would wait for a
+  // look; handing back lets the thread place it at once (docs/progress.md, hand-over 7).
+  if (waited && write_completed && impl_->context->mode == ProgressMode::thread) {
+    lock.unlock();
+    impl_->context->reactor.hand_back();
+  }
   return n;
 }
 

@@ -80,6 +80,8 @@ class ProgressHandOff {
   // For tests: how many looks parked, and how many drove (readable from any thread).
   std::uint64_t parked_looks() const { return parked_looks_.load(std::memory_order_relaxed); }
   std::uint64_t driving_looks() const { return driving_looks_.load(std::memory_order_relaxed); }
+  // For tests: hand_back() calls so far.
+  std::uint64_t hand_backs() const { return hand_backs_.load(std::memory_order_relaxed); }
 
  private:
   // Its own cache line: application threads write it at every pass, and the reactor's fields

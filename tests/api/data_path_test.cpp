@@ -10,6 +10,7 @@
 #include <thread>
 #include <tuple>
 
+#include "api/context_impl.hpp"
 #include "loopback_pair.hpp"
 
 namespace peercm::test {
@@ -98,6 +99,50 @@ TEST_P(DataPath, RdmaWrite) {
   ASSERT_EQ(poll_n(*pair_->server.cq, 1, 30s).size(), 1u);
   EXPECT_TRUE(std::equal(source.begin(), source.end(), target.begin() + 8));
   EXPECT_EQ(target[0], 0);
+}
+
+// perftest's ib_write_lat takes its Write's completion and then waits for the peer's Write by
+// watching memory, calling nothing. A poll whose own pass completes an RDMA Write therefore
+// hands the reactor back to the progress thread (docs/progress.md, hand-over 7); a Send's
+// completion, after which a program polls for its receive, does not.
+TEST(WriteCompletion, APollWhosePassCompletesAWriteHandsTheReactorBack) {
+  Options options;
+  options.transport = Transport::roce;  // a Write completes on the peer's ACK, read by a pass
+  auto pair = LoopbackPair::connected(options);
+  const engine::ProgressHandOff& hand_off = pair->client.context->impl().reactor.hand_off();
+  std::vector<std::uint8_t> source(4096, 7), target(4096), sink(4096);
+  auto src_mr = pair->client.region(source);
+  auto dst_mr = pair->server.region(target);
+  auto sink_mr = pair->server.region(sink);
+  auto operations = [&](WrOpcode opcode, std::uint64_t count, auto done_early) {
+    for (std::uint64_t i = 0; i < count && !done_early(); ++i) {
+      // Empty polls first: passes of this thread, which park the progress thread.
+      WorkCompletion none[1];
+      for (int pass = 0; pass < 200; ++pass) ASSERT_EQ(pair->client.cq->poll(none), 0u);
+      if (opcode == WrOpcode::send) {
+        ASSERT_TRUE(pair->server.qp->post_recv(RecvWr{.wr_id = i, .sg_list = {sink_mr->sge()}}));
+      }
+      ASSERT_TRUE(pair->client.qp->post_send(SendWr{.wr_id = i,
+                                                    .opcode = opcode,
+                                                    .sg_list = {src_mr->sge()},
+                                                    .remote_addr = reinterpret_cast<std::uintptr_t>(target.data()),
+                                                    .rkey = dst_mr->rkey()}));
+      const auto done = poll_n(*pair->client.cq, 1, 30s);
+      ASSERT_EQ(done.size(), 1u);
+      ASSERT_EQ(done[0].status, WcStatus::success);
+      if (opcode == WrOpcode::send) {
+        ASSERT_EQ(poll_n(*pair->server.cq, 1, 30s).size(), 1u);
+      }
+    }
+  };
+  const std::uint64_t before_sends = hand_off.hand_backs();
+  operations(WrOpcode::send, 20, [] { return false; });
+  EXPECT_EQ(hand_off.hand_backs(), before_sends) << "a Send's completion handed back";
+  const std::uint64_t before_writes = hand_off.hand_backs();
+  // Not every Write hands back: one whose ACK the progress thread read (it drives for a while
+  // after each hand-back) is complete before the poll comes.
+  operations(WrOpcode::rdma_write, 200, [&] { return hand_off.hand_backs() - before_writes >= 3; });
+  EXPECT_GE(hand_off.hand_backs() - before_writes, 1u) << "Write completions found by a pass did not hand back";
 }
 
 TEST_P(DataPath, RdmaRead) {

@@ -788,9 +788,9 @@ TEST_F(ReactorTest, APollerHoldingTheMutexKeepsTheProgressThreadAsleep) {
     lock.unlock();
   }
   // Without the postponing this is one look per interval, 40. Loose: a loaded machine may
-  // keep this thread off the CPU past half an interval now and then.
-  EXPECT_LE(reactor.hand_off().parked_looks() - looks_before, 10u) << "the parked thread woke to look";
-  EXPECT_EQ(reactor.hand_off().driving_looks(), 0u);
+  // keep this thread off the CPU past half an interval now and then (and the thread then
+  // rightly drives for a round).
+  EXPECT_LE(reactor.hand_off().parked_looks() - looks_before, 20u) << "the parked thread woke to look";
   p.put();
   EXPECT_TRUE(wait_for([&] { return log.count() == 1; })) << "nobody took over from the poller";
   lock.lock();
