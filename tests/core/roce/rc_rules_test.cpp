@@ -210,16 +210,22 @@ TEST(RcRules, PsnsWrapAround2To24InBothDirections) {
   EXPECT_EQ(psns_from_a, (std::vector<std::uint32_t>{0xFFFFFD, 0xFFFFFE, 0xFFFFFF, 0, 1, 2, 3, 4, 5}));
 }
 
+// `count` 16-byte Sends from a, patterned from `seed` on, each into a 64-byte receive of b's
+// own (wr_id 10 + i): the packets a sends for them.
+std::vector<Bytes> post_small_sends(Wire& wire, Mr& src, Mr& dst, std::size_t count, std::uint64_t seed) {
+  for (std::size_t i = 0; i < count; ++i) {
+    fill_pattern(src.bytes(i * 16, 16), seed + i);
+    EXPECT_TRUE(wire.b.recv(10 + i, {dst.sge(i * 64, 64)}));
+    EXPECT_TRUE(wire.a.post(i, WrOpcode::send, {src.sge(i * 16, 16)}));
+  }
+  return wire.drain(0);
+}
+
 TEST(RcRules, SequenceErrorIsNakedOncePerGapAndTheRequesterGoesBackToIt) {
   Wire wire;
   Mr src = wire.a.reg(64);
   Mr dst = wire.b.reg(64 * 4);
-  for (std::size_t i = 0; i < 4; ++i) {
-    fill_pattern(src.bytes(i * 16, 16), 40 + static_cast<std::uint64_t>(i));
-    ASSERT_TRUE(wire.b.recv(10 + i, {dst.sge(i * 64, 64)}));
-    ASSERT_TRUE(wire.a.post(i, WrOpcode::send, {src.sge(i * 16, 16)}));
-  }
-  const auto out = wire.drain(0);
+  const auto out = post_small_sends(wire, src, dst, 4, 40);
   ASSERT_EQ(out.size(), 4u);
   wire.deliver(1, out[0]);
   wire.deliver(1, out[2]);  // PSN 102 while 101 is expected
@@ -540,17 +546,28 @@ TEST(RcRules, LostResendIsRecoveredWithinOneRecoveryTimeout) {
   EXPECT_LT(c.wire.now - Time{}, local_ack_timeout_duration(12) / 4);
 }
 
+// One Send of 1000 packets from a into a receive of b's (PMTU 256, send_window 128), posted
+// and not yet drained; its bytes are pattern 4.
+struct LongSend {
+  static constexpr std::uint32_t kPackets = 1000;
+  Wire wire;
+  Mr src = wire.a.reg(kPackets * 256);
+  Mr dst = wire.b.reg(kPackets * 256);
+  LongSend() {
+    fill_pattern(src.bytes(0, kPackets * 256), 4);
+    EXPECT_TRUE(wire.b.recv(1, {dst.sge(0, kPackets * 256)}));
+    EXPECT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, kPackets * 256)}));
+  }
+};
+
 // A long stream losing one packet in the middle: the NAK sends the requester back at once
 // (no timer), with the window kept (the responder answered; halving it would cost a round
 // trip per half window from then on), and what is resent is bounded by that window.
 TEST(RcRules, LostPacketInMidStreamCostsNoTimerAndAtMostAWindowOfResends) {
-  Wire wire;  // PMTU 256, send_window 128
-  constexpr std::uint32_t kPackets = 1000;
-  Mr src = wire.a.reg(kPackets * 256);
-  Mr dst = wire.b.reg(kPackets * 256);
-  fill_pattern(src.bytes(0, kPackets * 256), 4);
-  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, kPackets * 256)}));
-  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, kPackets * 256)}));
+  LongSend send;
+  Wire& wire = send.wire;
+  Mr& dst = send.dst;
+  constexpr std::uint32_t kPackets = LongSend::kPackets;
   const auto first = wire.drain(0);
   ASSERT_EQ(first.size(), 128u);  // the full window
   for (const Bytes& d : first)
@@ -575,13 +592,10 @@ TEST(RcRules, LostPacketInMidStreamCostsNoTimerAndAtMostAWindowOfResends) {
 // A go-back that only the recovery timer could make (the wire went silent both ways: the
 // probe unanswered as well) halves the window; ACKs grow it back to send_window.
 TEST(RcRules, TimerGoBackHalvesTheWindowAndAcknowledgementsRestoreIt) {
-  Wire wire;  // PMTU 256, send_window 128
-  constexpr std::uint32_t kPackets = 1000;
-  Mr src = wire.a.reg(kPackets * 256);
-  Mr dst = wire.b.reg(kPackets * 256);
-  fill_pattern(src.bytes(0, kPackets * 256), 4);
-  ASSERT_TRUE(wire.b.recv(1, {dst.sge(0, kPackets * 256)}));
-  ASSERT_TRUE(wire.a.post(1, WrOpcode::send, {src.sge(0, kPackets * 256)}));
+  LongSend send;
+  Wire& wire = send.wire;
+  Mr& dst = send.dst;
+  constexpr std::uint32_t kPackets = LongSend::kPackets;
   ASSERT_EQ(wire.drain(0).size(), 128u);  // the full window, all lost
   auto expire = [&] {
     const auto deadline = wire.a.qp.next_deadline();
@@ -607,7 +621,7 @@ TEST(RcRules, TimerGoBackHalvesTheWindowAndAcknowledgementsRestoreIt) {
   EXPECT_TRUE(has_pattern(dst.bytes(0, kPackets * 256), 4));
   // Grown back: a second message goes out a full window at once.
   ASSERT_TRUE(wire.b.recv(2, {dst.sge(0, kPackets * 256)}));
-  ASSERT_TRUE(wire.a.post(2, WrOpcode::send, {src.sge(0, kPackets * 256)}));
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::send, {send.src.sge(0, kPackets * 256)}));
   EXPECT_EQ(wire.drain(0).size(), 128u);
 }
 
@@ -770,12 +784,7 @@ TEST(RcRules, RequestsBehindANakedGapAreDroppedUncheckedButTheExpectedPsnIsCheck
   Wire wire;
   Mr src = wire.a.reg(64);
   Mr dst = wire.b.reg(64 * 3);
-  for (std::size_t i = 0; i < 3; ++i) {
-    fill_pattern(src.bytes(i * 16, 16), 70 + static_cast<std::uint64_t>(i));
-    ASSERT_TRUE(wire.b.recv(10 + i, {dst.sge(i * 64, 64)}));
-    ASSERT_TRUE(wire.a.post(i, WrOpcode::send, {src.sge(i * 16, 16)}));
-  }
-  const auto out = wire.drain(0);
+  const auto out = post_small_sends(wire, src, dst, 3, 70);
   ASSERT_EQ(out.size(), 3u);
   wire.deliver(1, out[1]);  // 101 while 100 is expected: the NAK
   ASSERT_EQ(wire.drain(1).size(), 1u);
