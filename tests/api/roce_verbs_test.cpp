@@ -12,6 +12,7 @@
 #include <cstring>
 #include <set>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "api/roce/roce_verbs.hpp"
@@ -402,6 +403,51 @@ TEST(RoceVerbs, UcPairMovesMessagesAndDropsASendWithoutAReceive) {
   const auto flushed = poll_n(*a.cq, 1);
   ASSERT_EQ(flushed.size(), 1u);
   EXPECT_EQ(flushed[0].status, WcStatus::wr_flush_error);
+}
+
+// The peer ACKed our first Send and then its process ended; our second Send bounces off its
+// closed port. When our timer runs before we read that ACK (our process was not scheduled,
+// or the ACK came while a pass ran), the port unreachable must not fail the Send the peer
+// did receive: the ACK already waiting in our socket is taken first. (Acting on the bounce
+// at once failed both Sends with retries exceeded, as rdma-core's srq_pingpong saw when its
+// partner exited right after its last message.)
+TEST(RoceVerbs, AnAckWaitingUnreadCompletesItsSendBeforeAPortUnreachableEndsTheQp) {
+  ContextOptions options;
+  options.progress = ProgressMode::inline_;  // nothing reads a's sockets unless the test polls
+  Side a(options);
+  auto b = std::make_unique<Side>();
+  auto qp_a = standalone_qp(a);
+  auto qp_b = standalone_qp(*b);
+  const std::uint32_t address_a = *roce::gid_address(*a.context, 0);
+  const std::uint32_t address_b = *roce::gid_address(*b->context, 0);
+  std::vector<std::uint8_t> buffer_a(256), buffer_b(256);
+  auto mr_a = a.region(buffer_a);
+  auto mr_b = b->region(buffer_b);
+  ASSERT_TRUE(qp_b->post_recv(RecvWr{.wr_id = 7, .sg_list = {mr_b->sge(0, 64)}}));
+  const roce::RcPath a_to_b{.local = address_a, .remote = address_b, .remote_qpn = qp_b->qp_num(),
+                            .rq_psn = 0x222, .sq_psn = 0x111, .timeout = 10};  // 4 ms
+  const roce::RcPath b_to_a{.local = address_b, .remote = address_a, .remote_qpn = qp_a->qp_num(),
+                            .rq_psn = 0x111, .sq_psn = 0x222};
+  ASSERT_TRUE(roce::connect_rc(*qp_a, a_to_b));
+  ASSERT_TRUE(roce::connect_rc(*qp_b, b_to_a));
+
+  ASSERT_TRUE(qp_a->post_send(SendWr{.wr_id = 1, .opcode = WrOpcode::send, .flags = kSendSignaled, .sg_list = {mr_a->sge(0, 64)}}));
+  ASSERT_EQ(poll_n(*b->cq, 1).size(), 1u);  // b took it, and its ACK went out
+  qp_b.reset();
+  mr_b.reset();
+  b.reset();  // the peer's process ends: its port closes
+  ASSERT_TRUE(qp_a->post_send(SendWr{.wr_id = 2, .opcode = WrOpcode::send, .flags = kSendSignaled, .sg_list = {mr_a->sge(64, 64)}}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the bounce is in, the ACK timer due
+  roce::run_timer(*a.context);
+
+  const auto completions = poll_n(*a.cq, 2);
+  ASSERT_EQ(completions.size(), 2u);
+  EXPECT_EQ(completions[0].wr_id, 1u);
+  EXPECT_EQ(completions[0].status, WcStatus::success);
+  EXPECT_EQ(completions[1].wr_id, 2u);
+  EXPECT_EQ(completions[1].status, WcStatus::retry_exceeded);
+  EXPECT_GE(roce::port_unreachable_counts(*a.context).taken, 1u);
+  EXPECT_EQ(qp_a->state(), QpState::error);
 }
 
 }  // namespace

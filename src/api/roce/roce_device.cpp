@@ -553,8 +553,15 @@ bool RoceDevice::peer_unreachable(RoceQp& qp) {
 
 void RoceDevice::on_readable(RocePort& port, std::uint32_t events) {
   // A bounded number of batches per readiness: the other ports and the timer get their turn.
-  bool any = (events & EPOLLERR) && on_error_queue(port);
-  for (int batch = 0; batch < 8; ++batch) {
+  const bool any = receive(port, kBatchesPerReadiness, (events & EPOLLERR) != 0);
+  // A poller's direct pass (Reactor::poll_directly) finds nothing most of the time.
+  if (any) pump();
+}
+
+bool RoceDevice::receive(RocePort& port, int max_batches, bool errors_queued) {
+  bool any = false;
+  bool dry = false;
+  for (int batch = 0; batch < max_batches && !dry; ++batch) {
     for (std::size_t i = 0; i < kBatch; ++i) {
       message_iovs_[i] = iovec{buffers_.get() + i * kBufferSize, kBufferSize};
       messages_[i] = mmsghdr{};
@@ -569,10 +576,13 @@ void RoceDevice::on_readable(RocePort& port, std::uint32_t events) {
     // ECONNREFUSED: an ICMP error reported here instead of a datagram; it is in the error
     // queue as well, and the datagrams behind it are still to read.
     if (received < 0 && errno == ECONNREFUSED) {
-      any = on_error_queue(port) || any;
+      errors_queued = true;
       continue;
     }
-    if (received <= 0) break;
+    if (received <= 0) {
+      dry = true;
+      break;
+    }
     any = true;
     const core::Time at = now();
     for (std::size_t i = 0; i < static_cast<std::size_t>(received); ++i) {
@@ -590,10 +600,13 @@ void RoceDevice::on_readable(RocePort& port, std::uint32_t events) {
       for (std::size_t offset = 0; offset < bytes.size(); offset += segment)
         on_datagram(port, bytes.subspan(offset, std::min(segment, bytes.size() - offset)), sources_[i], at);
     }
-    if (static_cast<std::size_t>(received) < kBatch) break;
+    if (static_cast<std::size_t>(received) < kBatch) dry = true;
   }
-  // A poller's direct pass (Reactor::poll_directly) finds nothing most of the time.
-  if (any) pump();
+  // Inbound before verdicts: a bounce says the peer is gone now, and what it sent before it
+  // went is in the queue we just read; so the error queue is read only once that queue ran
+  // dry (else at the next readiness: EPOLLERR stays up while errors wait).
+  if (errors_queued && dry) any = on_error_queue(port) || any;
+  return any;
 }
 
 bool RoceDevice::forward_to(const std::string& name, RocePort& port, std::span<const std::uint8_t> bytes,
@@ -811,6 +824,7 @@ void RoceDevice::on_timer() {
   }
   // The QPs whose indexed deadline has passed; each is re-indexed when the pump drains it.
   std::vector<std::uint32_t> due;
+  std::vector<std::shared_ptr<QueuePairImpl>> bounced;
   while (!qp_deadlines_.empty() && qp_deadlines_.begin()->first <= at) {
     due.push_back(qp_deadlines_.begin()->second);
     qp_deadline_.erase(qp_deadlines_.begin()->second);
@@ -827,11 +841,24 @@ void RoceDevice::on_timer() {
     // closed port (the error waits in the QP socket's queue; reading it only here keeps
     // the data path free of the extra system call).
     if (qp->roce->send_fd >= 0 && peer_unreachable(*qp->roce)) {
-      PEERCM_LOG(info, "qp", "QP {} (RoCE RC): port unreachable at the peer: the peer is gone", qp->qp_num);
-      qp->roce->rc.handle_peer_unreachable(at);
+      bounced.push_back(qp);
       continue;
     }
     qp->roce->rc.handle_timeout(at);
+  }
+  if (!bounced.empty()) {
+    // The bounce came after everything the peer sent before its port closed: its last ACKs
+    // and replies may wait, unread, in our port sockets (this process was not scheduled,
+    // or they came while this pass ran). Taken first, they complete what the peer did
+    // receive; only what is still unanswered then fails (docs/roce-transport.md, "Port
+    // unreachable").
+    for (auto& [address, port] : ports_) receive(*port, kBatchesBeforeAVerdict, false);
+    for (const auto& qp : bounced) {
+      if (!qp->roce) continue;
+      PEERCM_LOG(info, "qp", "QP {} (RoCE RC): port unreachable at the peer: the peer is gone", qp->qp_num);
+      qp->roce->rc.handle_peer_unreachable(now());
+      touch(qp->qp_num);
+    }
   }
   pump();
 }

@@ -125,6 +125,8 @@ class RoceDevice {
 
   // Sends everything queued, delivers events, re-arms the timer: after every input.
   void pump();
+  // The timer's callback (tests: detail::roce::run_timer).
+  void run_timer() { on_timer(); }
   // Queue pairs drained by pumps so far (each touched one counts once per drain): a pump
   // looks at the touched ones only, whatever the number of queue pairs.
   std::uint64_t qp_drains() const { return qp_drains_; }
@@ -155,6 +157,10 @@ class RoceDevice {
 
  private:
   void on_readable(RocePort& port, std::uint32_t events);
+  // Reads and handles up to `max_batches` recvmmsg batches from `port`'s socket, fewer when
+  // it runs dry, then (once dry) the error queue when `errors_queued` or a read said so;
+  // true when it handled anything.
+  bool receive(RocePort& port, int max_batches, bool errors_queued);
   // Reads the error queue of `port`'s socket; true when it handed the agent anything.
   bool on_error_queue(RocePort& port);
   // Whether `qp`'s socket holds an ICMP port unreachable for a packet to its peer's QP (the
@@ -227,6 +233,10 @@ class RoceDevice {
   // recvmmsg batch, shared by the ports (one runs at a time, under the lock). With UDP_GRO
   // one message may hold up to 64 KiB of equal-size datagrams (udp_sender.hpp).
   static constexpr std::size_t kBatch = 16;
+  static constexpr int kBatchesPerReadiness = 8;
+  // Before a port unreachable ends a QP, the port sockets are read dry: at most this many
+  // batches each, so that a flooding peer cannot hold the verdict (and the lock) forever.
+  static constexpr int kBatchesBeforeAVerdict = 1024;
   static constexpr std::size_t kBufferSize = 65536;
   static constexpr std::size_t kControlSize = CMSG_SPACE(sizeof(int));
   std::unique_ptr<std::uint8_t[]> buffers_;

@@ -271,6 +271,12 @@ PortUnreachableCounts port_unreachable_counts(Context& context) {
   return {.taken = ctx.roce->port_unreachable_taken, .ignored = ctx.roce->port_unreachable_ignored};
 }
 
+void run_timer(Context& context) {
+  ContextImpl& ctx = context.impl();
+  std::lock_guard lock(ctx.mutex);
+  if (ctx.roce) ctx.roce->run_timer();
+}
+
 ShareCounts share_counts(Context& context) {
   ContextImpl& ctx = context.impl();
   std::lock_guard lock(ctx.mutex);

@@ -99,6 +99,9 @@ struct PortUnreachableCounts {
   std::uint64_t ignored = 0;
 };
 PortUnreachableCounts port_unreachable_counts(Context& context);
+// Test hook: the device's timer callback, run now as the reactor runs it once a deadline has
+// passed, without reading the sockets first (a pass whose reads ended before more arrived).
+void run_timer(Context& context);
 // Sharing an address (docs/roce-transport.md, "Several processes on one address"): the
 // context's slot (-1 without one) and RoceDevice's counters.
 struct ShareCounts {
