@@ -412,7 +412,7 @@ void Reactor::thread_main(std::uint64_t generation) {
 }
 
 void Reactor::park_until(std::uint64_t generation, Clock::time_point until) {
-  arm_look_timer(until);
+  arm_look_timer(until, time_.now());
   while (run_generation_.load() == generation && !hand_off_.handed_back_since_look()) {
     std::array<pollfd, 2> fds{pollfd{look_timer_fd_, POLLIN, 0}, pollfd{park_fd_, POLLIN, 0}};
     if (::ppoll(fds.data(), fds.size(), nullptr, nullptr) < 0) continue;  // EINTR
@@ -423,19 +423,19 @@ void Reactor::park_until(std::uint64_t generation, Clock::time_point until) {
   }
 }
 
-void Reactor::arm_look_timer(Clock::time_point at) {
+void Reactor::arm_look_timer(Clock::time_point at, Clock::time_point now) {
   // On the steady clock whatever the reactor's clock: a test's virtual time does not pass
   // while the thread sleeps.
-  const std::chrono::nanoseconds delay = std::max(std::chrono::nanoseconds::zero(), at - time_.now());
   itimerspec spec{};
   // Zero would disarm the timer: a look already due fires after a nanosecond.
-  spec.it_value = to_timespec(std::max(delay, std::chrono::nanoseconds(1)));
+  spec.it_value = to_timespec(std::max<std::chrono::nanoseconds>(at - now, std::chrono::nanoseconds(1)));
   ::timerfd_settime(look_timer_fd_, 0, &spec, nullptr);
 }
 
 void Reactor::postpone_look() {
-  if (const std::optional<Clock::time_point> look_again = hand_off_.postpone_look(time_.now())) {
-    arm_look_timer(*look_again);
+  const Clock::time_point now = time_.now();
+  if (const std::optional<Clock::time_point> look_again = hand_off_.postpone_look(now)) {
+    arm_look_timer(*look_again, now);
   }
 }
 

@@ -170,8 +170,8 @@ class Reactor {
   void park_until(std::uint64_t generation, Clock::time_point until);
   // Moves the parked thread's timer to the look time postpone_look() gives, if it gives one.
   void postpone_look();
-  // Sets the look timer to `at` on the reactor's clock.
-  void arm_look_timer(Clock::time_point at);
+  // Sets the look timer to `at` on the reactor's clock, which reads `now`.
+  void arm_look_timer(Clock::time_point at, Clock::time_point now);
   void wake_parked_thread();
   // Computes how long a sleep of up to `max_wait` may last (the next timer cuts it) and counts
   // the caller as a sleeper until then, so that add_timer() wakes it for an earlier deadline.
