@@ -6,6 +6,8 @@
 #   pingpong_msg     fi_pingpong -p verbs -e msg between two processes over iWARP, every
 #                    size from 0 B to 6 MiB, data checked (-c), on domain peercm_iw0 (-d)
 #   pingpong_rdm     the same with -p "verbs;ofi_rxm" -e rdm
+#   pingpong_msg_roce  fi_pingpong -p verbs -e msg over RoCE, on peercm_roce0: the two
+#                    processes share the interface address the provider binds
 # usage: run_libfabric.sh PEERCM_TOOL CASE
 set -euo pipefail
 peercm=$1 case=$2
@@ -65,6 +67,7 @@ case $case in
     ;;
   pingpong_msg) pingpong_pair iwarp -p verbs -e msg -d peercm_iw0 -S all -I 5 -c ;;
   pingpong_rdm) pingpong_pair iwarp -p "verbs;ofi_rxm" -e rdm -d peercm_iw0 -S all -I 5 -c ;;
+  pingpong_msg_roce) pingpong_pair roce -p verbs -e msg -d peercm_roce0 -S all -I 5 -c ;;
   *) echo "run_libfabric.sh: unknown case $case" >&2; exit 2 ;;
 esac
 echo "PASS: $case"
