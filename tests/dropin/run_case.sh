@@ -122,14 +122,15 @@ perftest() {  # PROGRAM MODE(R|noR)
   # (REJECTED, ECONNREFUSED, as the kernel's IB CM answers a REQ for a port nobody listens on)
   # and its retry then reuses the ids it has just destroyed: it crashes (upstream perftest
   # reallocates them since). How often the client loses depends on scheduling, on both
-  # transports. A run that lost is run again with
-  # connect_head_start.c preloaded into the client (its second rdma_connect waits 20 ms), and
-  # so are the case's later sizes. Any other failure fails the case.
+  # transports, and on the load. A run that lost is run again with connect_head_start.c
+  # preloaded into the client (its second rdma_connect waits), longer at each attempt
+  # (20, 200, 1000 ms), and the case's later sizes keep the last wait. Any other failure fails
+  # the case.
   retry_signature=
   [[ $mode == R ]] && retry_signature='RDMA_CM_EVENT_REJECTED; error: -111'
-  local attempt preload=()
+  local attempt preload=() head_starts=(20 200 1000)
   for size in 8 65536 1048576; do
-    for attempt in 1 2 3; do
+    for attempt in 1 2 3 4; do
       lost_race=0
       ready_port=$(free_port)
       pair 45 -- "$name" "${opts[@]}" -p "$ready_port" -s "$size" -n "$iterations" \
@@ -137,9 +138,11 @@ perftest() {  # PROGRAM MODE(R|noR)
       ((lost_race)) || break
       echo "$case -s $size: attempt $attempt lost perftest's connect/listen race (REJECTED -111)"
       [[ -n $head_start ]] || fail "lost perftest's race and no head-start library was given"
-      preload=(env "LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}$head_start")
+      ((attempt <= ${#head_starts[@]})) || break
+      preload=(env "LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}$head_start"
+               "HEAD_START_MS=${head_starts[attempt - 1]}")
     done
-    ((lost_race)) && fail "perftest's client lost the connect/listen race 3 times"
+    ((lost_race)) && fail "perftest's client lost the connect/listen race 4 times"
     check_perftest_table "$size" "$iterations"
   done
 }
