@@ -47,10 +47,21 @@ random_address() { echo "127.$((RANDOM % 250 + 1)).$((RANDOM % 250)).$((RANDOM %
 address=127.0.0.1
 [[ $transport == roce ]] && address=$(random_address)
 
-# Waits (at most 5 s) for a TCP listener on $1, or for 1 s where the listener is RoCE's (UDP).
+# Waits (at most 5 s) for a TCP listener on $1, or (at most 10 s) for a RoCE CM listener on
+# port $1: it holds the unix name @peercm-roce/<uid>/<address>/port/<port> from rdma_listen on
+# (docs/roce-transport.md, "Several processes on one address"; an explicit bind may take it a
+# moment before the listen, hence the extra 0.1 s). Without a port (udaddy: a UDP port-space
+# listener, which holds no name), a 1 s pause.
 wait_listener() {
-  if [[ $transport == roce && ${2:-cm} == cm ]]; then sleep 1; return; fi
   local i
+  [[ -n $1 ]] || { sleep 1; return 0; }
+  if [[ $transport == roce && ${2:-cm} == cm ]]; then
+    for ((i = 0; i < 100; i++)); do
+      grep -a -q -E "@peercm-roce/$(id -u)/[0-9.]+/port/$1\$" /proc/net/unix && { sleep 0.1; return 0; }
+      sleep 0.1
+    done
+    fail "no RoCE listener on port $1 after 10 s"
+  fi
   for ((i = 0; i < 50; i++)); do
     ss -Hltn "sport = :$1" 2>/dev/null | grep -q . && return 0
     sleep 0.1
