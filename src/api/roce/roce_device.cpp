@@ -853,10 +853,11 @@ void RoceDevice::on_timer() {
     // receive; only what is still unanswered then fails (docs/roce-transport.md, "Port
     // unreachable").
     for (auto& [address, port] : ports_) receive(*port, kBatchesBeforeAVerdict, false);
+    const core::Time verdict_at = now();
     for (const auto& qp : bounced) {
       if (!qp->roce) continue;
       PEERCM_LOG(info, "qp", "QP {} (RoCE RC): port unreachable at the peer: the peer is gone", qp->qp_num);
-      qp->roce->rc.handle_peer_unreachable(now());
+      qp->roce->rc.handle_peer_unreachable(verdict_at);
       touch(qp->qp_num);
     }
   }
