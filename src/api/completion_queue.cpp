@@ -164,7 +164,12 @@ std::size_t CompletionQueue::poll(std::span<WorkCompletion> out) {
   // peer's Write, which it watches in memory without calling the library (perftest's
   // ib_write_lat). Its passes parked the progress thread, so that Write would wait for a
   // look; handing back lets the thread place it at once (docs/progress.md, hand-over 7).
-  if (waited && write_completed && impl_->context->mode == ProgressMode::thread) {
+  // Unless a Write of the peer's has landed since the program posted its own (over RoCE the
+  // answer rides with the ACK the peer held for it): that wait is over before it starts, the
+  // program's next call drives, and a hand-back would wake the thread for nothing.
+  const bool answered = impl_->context->memory.remote_writes_landed() !=
+                        impl_->context->landed_at_last_write_post.load(std::memory_order_relaxed);
+  if (waited && write_completed && !answered && impl_->context->mode == ProgressMode::thread) {
     lock.unlock();
     impl_->context->reactor.hand_back();
   }

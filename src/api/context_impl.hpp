@@ -68,6 +68,10 @@ struct ContextImpl {
   std::mutex mutex;  // guards everything below and every core of this context
   engine::Reactor reactor{mutex};
   core::MemoryTable memory;
+  // memory.remote_writes_landed() when the application last posted an RDMA Write: a peer's
+  // Write landed since answers it (CompletionQueue::poll, docs/progress.md hand-over 7).
+  // Written under the mutex, read by a CQ poll that may not hold it.
+  std::atomic<std::uint64_t> landed_at_last_write_post{0};
   std::uint64_t node_guid;
   std::uint64_t incarnation;
   ProgressMode mode;

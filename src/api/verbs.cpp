@@ -170,6 +170,9 @@ QpState QueuePair::state() const {
 
 Status<std::errc> QueuePair::post_send(const SendWr& wr) {
   std::lock_guard lock(impl_->context->mutex);
+  if (wr.opcode == WrOpcode::rdma_write || wr.opcode == WrOpcode::rdma_write_with_imm)
+    impl_->context->landed_at_last_write_post.store(impl_->context->memory.remote_writes_landed(),
+                                                    std::memory_order_relaxed);
   if (impl_->send_direct && impl_->send_direct(wr)) return {};
   if (impl_->roce_ud) return fail(std::errc::invalid_argument);  // a UD send names its address: roce::post_ud_send
   if (impl_->roce_uc) {

@@ -3,6 +3,7 @@
 // keyed permutation so that STags follow no order, and a random 8-bit key.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -46,6 +47,15 @@ class MemoryTable {
   // Send with Invalidate (RFC 5040 §5.3): invalidates `stag` or returns the Terminate code.
   std::optional<wire::TerminateCode> invalidate(std::uint32_t stag, std::uint32_t pd);
 
+  // Inbound RDMA Write messages whose last byte has landed in this table's memory, on any QP,
+  // over either transport. Counted by the owner of the table's lock; readable from any thread.
+  // A CQ poll compares it across its pass to tell whether the peer's Write that a program
+  // may watch for in memory next has already landed (docs/progress.md, hand-over 7).
+  void note_remote_write_landed() {
+    remote_writes_landed_.store(remote_writes_landed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  std::uint64_t remote_writes_landed() const { return remote_writes_landed_.load(std::memory_order_relaxed); }
+
  private:
   struct Slot {
     Region region;
@@ -64,6 +74,7 @@ class MemoryTable {
   Permutation24 permutation_;
   std::uint32_t reserved_index_;
   std::size_t live_ = 0;
+  std::atomic<std::uint64_t> remote_writes_landed_{0};
 };
 
 }  // namespace peercm::core

@@ -142,6 +142,7 @@ std::size_t QueuePairEngine::take_predicted_fpdu(std::span<const std::uint8_t> i
     rx_.placed = 0;
     place(std::span(header + wire::kTaggedHeaderSize, length));
     count_valid_segment(length, true);
+    memory_.note_remote_write_landed();
   }
   release_segment_targets();
   ++stats_.fpdus_predicted;
@@ -244,6 +245,9 @@ void QueuePairEngine::on_segment_end() {
     case RxKind::send:
       if (header.last) deliver_send(header.opcode, header.invalidate_stag, header.message_offset + rx_.length);
       break;
+    case RxKind::write:
+      if (header.last) memory_.note_remote_write_landed();
+      break;
     case RxKind::rtr_send:
       ++expected_send_msn_;  // the Send RTR used MSN n; no receive consumed, no completion
       break;
@@ -256,7 +260,6 @@ void QueuePairEngine::on_segment_end() {
       handle_terminate(header);
       return;
     case RxKind::none:
-    case RxKind::write:
     case RxKind::rtr_write:
       break;
   }

@@ -145,6 +145,71 @@ TEST(WriteCompletion, APollWhosePassCompletesAWriteHandsTheReactorBack) {
   EXPECT_GE(hand_off.hand_backs() - before_writes, 1u) << "Write completions found by a pass did not hand back";
 }
 
+// ib_write_lat over RoCE: each side answers the peer's Write with its own, and the ACK it
+// held for the peer's Write leaves right behind that answer. So when a poll's pass completes
+// a Write, the answer the program will watch for in memory has landed already, and handing
+// the reactor back would only wake the progress thread for nothing (docs/progress.md,
+// hand-over 7). The peer reads its memory under the context's mutex, where perftest spins on
+// it: the same order of events, without a data race for the sanitizers.
+TEST(WriteCompletion, AWriteWhoseAnswerLandedBeforeItsAckDoesNotHandBack) {
+  Options options;
+  options.transport = Transport::roce;
+  options.context.roce.ack_delay = std::chrono::milliseconds(200);  // no hold runs out on a slow run
+  auto pair = LoopbackPair::connected(options);
+  const engine::ProgressHandOff& hand_off = pair->client.context->impl().reactor.hand_off();
+  std::vector<std::uint8_t> client_buf(64), server_buf(64);
+  auto client_mr = pair->client.region(client_buf);
+  auto server_mr = pair->server.region(server_buf);
+  constexpr int kRounds = 100;
+  constexpr int kWarmUp = 3;  // the first Writes are ACKed at once: the traffic has not alternated yet
+  auto write = [](Side& side, MemoryRegion& local, MemoryRegion& remote, std::vector<std::uint8_t>& buf, int round) {
+    // The first half is what a side writes, into the second half of the peer's buffer, whose
+    // last byte the peer watches.
+    buf[31] = static_cast<std::uint8_t>(round);
+    ASSERT_TRUE(side.qp->post_send(SendWr{.wr_id = static_cast<std::uint64_t>(round),
+                                          .opcode = WrOpcode::rdma_write,
+                                          .sg_list = {local.sge(0, 32)},
+                                          .remote_addr = reinterpret_cast<std::uintptr_t>(remote.addr()) + 32,
+                                          .rkey = remote.rkey()}));
+  };
+  auto landed = [](Side& side, std::vector<std::uint8_t>& buf) {
+    std::lock_guard lock(side.context->impl().mutex);
+    return buf[63];
+  };
+  std::thread server([&] {
+    WorkCompletion wc[4];
+    for (int round = 1; round <= kRounds; ++round) {
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (landed(pair->server, server_buf) != static_cast<std::uint8_t>(round)) {
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "round " << round;
+        for (std::size_t n = pair->server.cq->poll(wc), i = 0; i < n; ++i) ASSERT_EQ(wc[i].status, WcStatus::success);
+      }
+      write(pair->server, *server_mr, *client_mr, server_buf, round);
+    }
+  });
+  std::uint64_t hand_backs_after_warm_up = 0;
+  for (int round = 1; round <= kRounds; ++round) {
+    if (round == kWarmUp + 1) hand_backs_after_warm_up = hand_off.hand_backs();
+    write(pair->client, *client_mr, *server_mr, client_buf, round);
+    const auto done = poll_n(*pair->client.cq, 1, 30s);
+    ASSERT_EQ(done.size(), 1u);
+    ASSERT_EQ(done[0].status, WcStatus::success);
+    if (round > kWarmUp) {
+      EXPECT_EQ(landed(pair->client, client_buf), static_cast<std::uint8_t>(round))
+          << "round " << round << ": the Write completed before the answer it was ACKed behind";
+    }
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (landed(pair->client, client_buf) != static_cast<std::uint8_t>(round)) {
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "round " << round;
+      WorkCompletion none[1];
+      ASSERT_EQ(pair->client.cq->poll(none), 0u);
+    }
+  }
+  server.join();
+  EXPECT_EQ(hand_off.hand_backs() - hand_backs_after_warm_up, 0u)
+      << "Write completions whose answer had landed handed the reactor back";
+}
+
 TEST_P(DataPath, RdmaRead) {
   const std::size_t size = GetParam().size;
   auto remote = pattern(size, 3);

@@ -229,6 +229,7 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
     if (shape.ends) {
       rx_message_ = RxMessage::none;
       msn_ = w::psn_next(msn_);
+      memory_.note_remote_write_landed();
       if (shape.immediate) {
         // The receive gives only its wr_id: the data went where the WRITE put it, so its
         // SGEs are neither used nor checked (as rxe), and byte_len is the WRITE's length.
@@ -365,6 +366,9 @@ bool RcQueuePair::next_response(TxPlan& plan) {
         h.aeth = w::Aeth::ack(w::kNoCreditInformation, r.msn);
         ++stats_.acks_sent;
         responses_.pop_front();
+        // The last response queued is moved forward to every request since (queue_ack): it
+        // acknowledges them all, a held one included, so the bound counts from here.
+        if (responses_.empty()) unacked_requests_ = 0;
         return true;
       case Response::Kind::nak:
         h.bth.opcode = w::Opcode::rc_acknowledge;

@@ -427,6 +427,7 @@ void UcQueuePair::handle_packet(const w::PacketView& packet) {
   if (!shape->ends) return;
   rx_message_ = RxMessage::none;
   ++stats_.messages_delivered;
+  memory_.note_remote_write_landed();
   if (!shape->immediate) return;
   // The receive gives only its wr_id: the data went where the Write put it (as for RC).
   WorkCompletion wc{.wr_id = recv_taken_->wr.wr_id,

@@ -157,6 +157,27 @@ TEST_F(AckDelay, TheCoalescingBoundIsNeverHeld) {
   EXPECT_EQ(Wire::view(out[0]).headers.bth.psn, 116u);
 }
 
+// A held ACK that leaves behind a reply acknowledges every request before it, so the
+// coalescing bound counts from there: in a long ping-pong no ACK ever leaves alone. (When the
+// bound counted only ACKs sent at once, every 16th message's ACK did, ahead of the reply, and
+// the requester took its completion before the answer had come.)
+TEST_F(AckDelay, AckThatLeftBehindAReplyRestartsTheCoalescingBound) {
+  ping_pong(1);
+  for (std::uint64_t id = 2; id < 31; ++id) {  // 30 messages each way, within the 32 receives
+    post_from(0, id);
+    for (const Bytes& d : wire.drain(0)) wire.deliver(1, d);
+    ASSERT_TRUE(wire.drain(1).empty()) << "message " << id << ": its ACK left before the reply";
+    post_from(1, id);
+    const auto out = wire.drain(1);
+    ASSERT_EQ(out.size(), 2u) << "message " << id;
+    EXPECT_EQ(Wire::view(out[0]).headers.bth.opcode, w::Opcode::rc_send_only);
+    EXPECT_TRUE(is_ack(out[1]));
+    for (const Bytes& d : out) wire.deliver(0, d);
+    // A's next message carries B's held ACK the same way.
+    ASSERT_EQ(wire.a.scq.wcs.back().wr_id, id);
+  }
+}
+
 TEST_F(AckDelay, AHeldAckStillLeavesWhenTheQpIsModifiedToError) {
   ping_pong(1);
   post_from(0, 2);
