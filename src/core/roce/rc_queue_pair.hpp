@@ -281,12 +281,14 @@ class RcQueuePair {
   std::uint32_t msn_ = 0;
   bool sequence_nak_sent_ = false;
   std::uint32_t unacked_requests_ = 0;
+  std::uint32_t unacked_before_message_ = 0;  // of them, before the message now arriving
   std::deque<ReadContext> read_contexts_;
   std::deque<Response> responses_;
   std::uint32_t pending_new_reads_ = 0;
   // ACK coalescing with our replies (RcConnectParams::ack_delay): the one queued ACK, when
   // it is all responses_ holds, waits until this time or our next request.
   std::optional<Time> ack_hold_until_;
+  bool ack_riding_ = false;  // the held ACK leaves once the requests being sent have gone
   bool alternating_ = false;            // our last request answered a message of the peer
   bool message_since_request_ = false;  // a message ended since our last request
 };

@@ -140,6 +140,7 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
     epsn_ = w::psn_add(psn, npkts);
     msn_ = w::psn_next(msn_);
     unacked_requests_ = 0;  // the responses acknowledge everything before them
+    unacked_before_message_ = 0;
     return;
   }
 
@@ -247,13 +248,18 @@ void RcQueuePair::execute_request(const w::PacketView& packet) {
     }
   }
   epsn_ = w::psn_next(psn);
+  if (shape.starts) unacked_before_message_ = unacked_requests_;
   ++unacked_requests_;
   if (shape.ends) message_since_request_ = true;
-  // §2.5: ACK what asked for one, and at least every kAckCoalesceBound requests.
-  if (unacked_requests_ >= kAckCoalesceBound)
+  // §2.5: ACK what asked for one, and at least every kAckCoalesceBound requests. The bound
+  // is about requests piling up across messages: a message alone since the last ACK, however
+  // many packets long, asks for its ACK on its last packet and may wait for our reply as a
+  // one-packet message does (a 64 KiB Write is 16 packets at a 4096-byte MTU).
+  const bool alone = unacked_before_message_ == 0;
+  if (h.bth.ack_request && shape.ends && (alone || unacked_requests_ < kAckCoalesceBound))
+    queue_ack(psn, AckTiming::may_wait_for_reply);
+  else if (h.bth.ack_request || unacked_requests_ >= kAckCoalesceBound)
     queue_ack(psn);
-  else if (h.bth.ack_request)
-    queue_ack(psn, shape.ends ? AckTiming::may_wait_for_reply : AckTiming::now);
 }
 
 // §2.10: duplicates never move ePSN or MSN.
@@ -313,11 +319,15 @@ void RcQueuePair::queue_ack(std::uint32_t psn, AckTiming timing) {
                     params_.ack_delay > Duration::zero() && responses_.size() == 1;
   if (hold) {
     // Requests keep counting towards kAckCoalesceBound until an ACK really leaves.
-    if (!ack_hold_until_) ack_hold_until_ = now_ + params_.ack_delay;
+    if (!ack_hold_until_) {
+      ack_hold_until_ = now_ + params_.ack_delay;
+      ack_riding_ = false;
+    }
     return;
   }
   ack_hold_until_.reset();
   unacked_requests_ = 0;
+  unacked_before_message_ = 0;
 }
 
 bool RcQueuePair::ack_held() const {
@@ -368,7 +378,7 @@ bool RcQueuePair::next_response(TxPlan& plan) {
         responses_.pop_front();
         // The last response queued is moved forward to every request since (queue_ack): it
         // acknowledges them all, a held one included, so the bound counts from here.
-        if (responses_.empty()) unacked_requests_ = 0;
+        if (responses_.empty()) unacked_requests_ = unacked_before_message_ = 0;
         return true;
       case Response::Kind::nak:
         h.bth.opcode = w::Opcode::rc_acknowledge;

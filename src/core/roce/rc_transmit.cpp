@@ -2,6 +2,7 @@
 // datagram, whole or as header + payload iovecs + pad + ICRC (roce-ibcm-wire.md §1.4, §2.3).
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/qp_memory.hpp"
 #include "core/roce/rc_queue_pair.hpp"
@@ -12,26 +13,29 @@ namespace peercm::core::roce {
 namespace w = wire::roce;
 
 // Responses go first: they are small, and a requester waiting on them holds its window.
-// A held ACK (queue_ack) goes right behind our next request instead.
+// A held ACK (queue_ack) goes right behind the requests we can send now instead: behind the
+// whole reply, or as much of it as the window lets go, so that the peer has read the reply
+// when the ACK completes its message.
 bool RcQueuePair::next_packet(TxPlan& plan) {
   if (ack_hold_until_ && !ack_held()) ack_hold_until_.reset();  // more responses queued behind it
   if (ack_hold_until_) {
     if (next_request(plan)) {
-      ack_hold_until_.reset();
+      ack_riding_ = true;
       return true;
     }
-    if (now_ < *ack_hold_until_) return false;
+    const bool rode = std::exchange(ack_riding_, false);
+    if (!rode && now_ < *ack_hold_until_) return false;
+    ack_hold_until_.reset();
     // No reply in time: the peer waits for this ACK. Hold no more until the traffic
     // alternates again.
-    ack_hold_until_.reset();
-    alternating_ = false;
+    if (!rode) alternating_ = false;
   }
   if (next_response(plan)) return true;
   return next_recovery_probe(plan) || next_request(plan) || next_keepalive_probe(plan);
 }
 
 bool RcQueuePair::has_datagram() const {
-  const bool held = ack_held() && now_ < *ack_hold_until_;
+  const bool held = ack_held() && !ack_riding_ && now_ < *ack_hold_until_;
   return (!responses_.empty() && !held) || requester_ready() || probe_owed_ || recovery_probes_owed_ > 0;
 }
 

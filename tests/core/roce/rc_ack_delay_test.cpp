@@ -4,6 +4,8 @@
 // duplicates, the coalescing bound and ERROR never wait.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "rc_test_support.hpp"
 
 namespace peercm::core::roce::test {
@@ -157,6 +159,32 @@ TEST_F(AckDelay, TheCoalescingBoundIsNeverHeld) {
   EXPECT_EQ(Wire::view(out[0]).headers.bth.psn, 116u);
 }
 
+// A reply of several packets carries the held ACK behind its last one: the peer has read the
+// whole reply when the ACK completes its message (a program that watches memory for the reply,
+// as perftest's ib_write_lat, finds it landed).
+TEST_F(AckDelay, TheHeldAckLeavesBehindTheWholeReply) {
+  ping_pong(1);
+  post_from(0, 2);
+  for (const Bytes& d : wire.drain(0)) wire.deliver(1, d);
+  EXPECT_TRUE(wire.drain(1).empty());
+  // 600 bytes at a path MTU of 256: FIRST, MIDDLE, LAST.
+  for (std::size_t i = 0; i < 600; ++i) b_buf.data[i] = static_cast<std::uint8_t>(i * 7 + 1);
+  ASSERT_TRUE(wire.b.post(3, WrOpcode::rdma_write, {b_buf.sge(0, 600)}, 0, a_buf.addr + 1024, a_buf.key));
+  const auto out = wire.drain(1);
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(Wire::view(out[0]).headers.bth.opcode, w::Opcode::rc_rdma_write_first);
+  EXPECT_EQ(Wire::view(out[1]).headers.bth.opcode, w::Opcode::rc_rdma_write_middle);
+  EXPECT_EQ(Wire::view(out[2]).headers.bth.opcode, w::Opcode::rc_rdma_write_last);
+  EXPECT_TRUE(is_ack(out[3]));
+  EXPECT_EQ(Wire::view(out[3]).headers.bth.psn, 101u);
+  for (const Bytes& d : out) wire.deliver(0, d);
+  ASSERT_EQ(wire.a.scq.wcs.back().wr_id, 2u);
+  EXPECT_EQ(wire.a.memory.remote_writes_landed(), 1u);
+  EXPECT_TRUE(std::equal(b_buf.data, b_buf.data + 600, a_buf.data + 1024));
+  // Holding goes on: A holds its ACK of the Write for its own next message.
+  EXPECT_TRUE(wire.drain(0).empty());
+}
+
 // A held ACK that leaves behind a reply acknowledges every request before it, so the
 // coalescing bound counts from there: in a long ping-pong no ACK ever leaves alone. (When the
 // bound counted only ACKs sent at once, every 16th message's ACK did, ahead of the reply, and
@@ -176,6 +204,24 @@ TEST_F(AckDelay, AckThatLeftBehindAReplyRestartsTheCoalescingBound) {
     // A's next message carries B's held ACK the same way.
     ASSERT_EQ(wire.a.scq.wcs.back().wr_id, id);
   }
+}
+
+// The bound counts requests piling up across messages, not one message's own packets: a
+// 16-packet Write alone since the last ACK (64 KiB at a 4096-byte MTU) waits for the reply
+// like a one-packet message.
+TEST_F(AckDelay, AMessageOfBoundManyPacketsWaitsForTheReply) {
+  ping_pong(1);
+  ASSERT_TRUE(wire.a.post(2, WrOpcode::rdma_write, {a_buf.sge(0, 16 * 256)}, 0, b_buf.addr, b_buf.key));
+  const auto request = wire.drain(0);
+  ASSERT_EQ(request.size(), 16u);
+  for (const Bytes& d : request) wire.deliver(1, d);
+  EXPECT_TRUE(wire.drain(1).empty()) << "the ACK of a lone 16-packet message left before the reply";
+  post_from(1, 2);
+  const auto out = wire.drain(1);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(Wire::view(out[0]).headers.bth.opcode, w::Opcode::rc_send_only);
+  EXPECT_TRUE(is_ack(out[1]));
+  EXPECT_EQ(Wire::view(out[1]).headers.bth.psn, Wire::view(request.back()).headers.bth.psn);
 }
 
 TEST_F(AckDelay, AHeldAckStillLeavesWhenTheQpIsModifiedToError) {
