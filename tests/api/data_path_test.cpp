@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "api/context_impl.hpp"
+#include "api/roce/roce_verbs.hpp"
 #include "loopback_pair.hpp"
 
 namespace peercm::test {
@@ -150,7 +151,9 @@ TEST(WriteCompletion, APollWhosePassCompletesAWriteHandsTheReactorBack) {
 // a Write, the answer the program will watch for in memory has landed already, and handing
 // the reactor back would only wake the progress thread for nothing (docs/progress.md,
 // hand-over 7). The peer reads its memory under the context's mutex, where perftest spins on
-// it: the same order of events, without a data race for the sanitizers.
+// it: the same order of events, without a data race for the sanitizers. A round in which the
+// client's recovery or ACK timer fired (the peer was slow: a loaded machine, a sanitizer) is
+// exempt: its probe is a duplicate there, which is ACKed at once, ahead of the answer.
 TEST(WriteCompletion, AWriteWhoseAnswerLandedBeforeItsAckDoesNotHandBack) {
   Options options;
   options.transport = Transport::roce;
@@ -187,14 +190,22 @@ TEST(WriteCompletion, AWriteWhoseAnswerLandedBeforeItsAckDoesNotHandBack) {
       write(pair->server, *server_mr, *client_mr, server_buf, round);
     }
   });
+  auto timer_expiries = [&] {
+    const core::roce::RcStats stats = detail::roce::rc_stats(*pair->client.qp);
+    return stats.recovery_timeouts + stats.ack_timeouts;
+  };
   std::uint64_t hand_backs_after_warm_up = 0;
+  int exempt_rounds = 0;
   for (int round = 1; round <= kRounds; ++round) {
     if (round == kWarmUp + 1) hand_backs_after_warm_up = hand_off.hand_backs();
+    const std::uint64_t expiries_before = timer_expiries();
     write(pair->client, *client_mr, *server_mr, client_buf, round);
     const auto done = poll_n(*pair->client.cq, 1, 30s);
     ASSERT_EQ(done.size(), 1u);
     ASSERT_EQ(done[0].status, WcStatus::success);
-    if (round > kWarmUp) {
+    const bool exempt = timer_expiries() != expiries_before;
+    if (round > kWarmUp && exempt) ++exempt_rounds;
+    if (round > kWarmUp && !exempt) {
       EXPECT_EQ(landed(pair->client, client_buf), static_cast<std::uint8_t>(round))
           << "round " << round << ": the Write completed before the answer it was ACKed behind";
     }
@@ -206,8 +217,9 @@ TEST(WriteCompletion, AWriteWhoseAnswerLandedBeforeItsAckDoesNotHandBack) {
     }
   }
   server.join();
-  EXPECT_EQ(hand_off.hand_backs() - hand_backs_after_warm_up, 0u)
+  EXPECT_LE(hand_off.hand_backs() - hand_backs_after_warm_up, static_cast<std::uint64_t>(exempt_rounds))
       << "Write completions whose answer had landed handed the reactor back";
+  EXPECT_LT(exempt_rounds, kRounds / 2) << "too few rounds without a timer to show anything";
 }
 
 TEST_P(DataPath, RdmaRead) {
