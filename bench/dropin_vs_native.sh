@@ -15,28 +15,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 repeat=${1:-3}
 build=${BUILD:-build/release}
-peercm=$build/tools/peercm/peercm
-# perftest 4.5-0.17's -R client connects its test QP racing the server's second rdma_listen,
-# and its retry after losing crashes (tests/dropin/run_case.sh): this library, preloaded into
-# the client, makes its second rdma_connect wait 20 ms.
-head_start=$build/tests/dropin/libdropin_connect_head_start.so
-if [[ ! -x $peercm || ! -e $build/dropin/libibverbs.so.1 || ! -e $head_start ]]; then
-  cmake --preset release > /dev/null && cmake --build "$build" --target peercm_tool peercm_dropin_ibverbs \
-    peercm_dropin_rdmacm peercm_dropin_mlx5 peercm_dropin_efa dropin_connect_head_start > /dev/null || exit 1
-fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+. bench/lib/perftest_dropin.sh
 
-free_port() { python3 scripts/lib/free_port.py; }
 random_address() { echo "127.$((RANDOM % 250 + 1)).$((RANDOM % 250)).$((RANDOM % 250 + 1))"; }
-wait_tcp() {
-  local i
-  for ((i = 0; i < 50; i++)); do
-    ss -Hltn "sport = :$1" 2> /dev/null | grep -q . && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
 iterations() {  # MODE SIZE
   if [[ $1 == lat ]]; then ((${2} >= 1048576)) && echo 200 || echo 1000
@@ -45,21 +28,9 @@ iterations() {  # MODE SIZE
 
 # perftest through the drop-in: prints the figure (µs or MB/s), or nothing on failure.
 perftest_figure() {  # TRANSPORT OP MODE SIZE
-  local transport=$1 op=$2 mode=$3 size=$4 n port opts=()
-  n=$(iterations "$mode" "$size")
-  port=$(free_port)
-  if [[ $transport == iwarp ]]; then opts=(-d peercm_iw0 -R); else opts=(-d peercm_roce0 -R); fi
-  local program=ib_${op}_${mode}
-  "$peercm" exec --transport "$transport" -- timeout 120 "$program" "${opts[@]}" -p "$port" -s "$size" -n "$n" \
-    > "$work/server.out" 2>&1 &
-  local server=$!
-  # iWARP: the rdma_cm listener is a TCP socket; RoCE's is the UDP 4791 one: a pause
-  if [[ $transport == iwarp ]]; then wait_tcp "$port"; else sleep 1; fi
-  "$peercm" exec --transport "$transport" -- env "LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}$head_start" \
-    timeout 120 "$program" "${opts[@]}" -p "$port" -s "$size" -n "$n" 127.0.0.1 > "$work/client.out" 2>&1
-  wait "$server"
-  local line
-  line=$(grep -a -A1 '#bytes' "$work/client.out" | grep -a -E '^\s*[0-9]' | head -1)
+  local transport=$1 op=$2 mode=$3 size=$4 line
+  perftest_pair "$transport" "ib_${op}_${mode}" "$size" "$(iterations "$mode" "$size")"
+  line=$(perftest_row)
   [[ -n $line ]] || return 0
   # lat: #bytes #iterations t_min t_max t_typical ...; bw: #bytes #iterations BW_peak BW_average MsgRate
   if [[ $mode == lat ]]; then awk '{print $5}' <<< "$line"; else awk '{printf "%.1f\n", $4 * 1.048576}' <<< "$line"; fi

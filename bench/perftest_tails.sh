@@ -10,42 +10,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 runs=${1:-3}
 build=${BUILD:-build/release}
-peercm=$build/tools/peercm/peercm
-# perftest 4.5-0.17's -R client races the server's second rdma_listen (tests/dropin/run_case.sh):
-# this library, preloaded into the client, gives the server a head start.
-head_start=$build/tests/dropin/libdropin_connect_head_start.so
-if [[ ! -x $peercm || ! -e $build/dropin/libibverbs.so.1 || ! -e $head_start ]]; then
-  cmake --preset release > /dev/null && cmake --build "$build" --target peercm_tool peercm_dropin_ibverbs \
-    peercm_dropin_rdmacm peercm_dropin_mlx5 peercm_dropin_efa dropin_connect_head_start > /dev/null || exit 1
-fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-
-wait_tcp() {
-  local i
-  for ((i = 0; i < 50; i++)); do
-    ss -Hltn "sport = :$1" 2> /dev/null | grep -q . && return 0
-    sleep 0.1
-  done
-  return 1
-}
+. bench/lib/perftest_dropin.sh
 
 # Prints "typical p99" of one run, or nothing on failure.
 run_once() {  # TRANSPORT OP SIZE
-  local transport=$1 op=$2 size=$3 n=2000 port device
+  local size=$3 n=2000
   ((size >= 1048576)) && n=300
-  port=$(python3 scripts/lib/free_port.py)
-  if [[ $transport == iwarp ]]; then device=peercm_iw0; else device=peercm_roce0; fi
-  "$peercm" exec --transport "$transport" -- timeout 120 "ib_${op}_lat" -d "$device" -R -p "$port" -s "$size" \
-    -n "$n" > "$work/server.out" 2>&1 &
-  local server=$!
-  # iWARP: the rdma_cm listener is a TCP socket; RoCE's is the UDP 4791 one: a pause
-  if [[ $transport == iwarp ]]; then wait_tcp "$port"; else sleep 1; fi
-  "$peercm" exec --transport "$transport" -- env "LD_PRELOAD=${LD_PRELOAD:+$LD_PRELOAD:}$head_start" \
-    timeout 120 "ib_${op}_lat" -d "$device" -R -p "$port" -s "$size" -n "$n" 127.0.0.1 > "$work/client.out" 2>&1
-  wait "$server"
+  perftest_pair "$1" "ib_${2}_lat" "$size" "$n"
   # #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%
-  grep -a -A1 '#bytes' "$work/client.out" | grep -a -E '^\s*[0-9]' | head -1 | awk '{print $5, $8}'
+  perftest_row | awk '{print $5, $8}'
 }
 
 printf '%-6s %-6s %8s  %-58s %s\n' transport op size "runs: typical/p99 us (p99/typical)" "p99/typical: median (worst)"
