@@ -233,8 +233,10 @@ static inline void tell_port(int port_fd, struct rdma_cm_id *listener)
 	close(port_fd);
 }
 
-/* The client's next request may reach the server before the server's DISCONNECTED of the
- * connection before it (the client hears its own at once): such a request waits here. */
+/* The client's next request may reach the server before the server's ESTABLISHED or
+ * DISCONNECTED of the connection before it: the client hears its own at once, and its next
+ * REQ, from another address, may overtake its RTU or DREQ (events of two connections have no
+ * order between them). Such a request waits here. */
 static struct rdma_cm_event *early_request __attribute__((unused));
 
 static inline struct rdma_cm_event *server_event(struct rdma_event_channel *cm, enum rdma_cm_event_type type)
@@ -246,7 +248,7 @@ static inline struct rdma_cm_event *server_event(struct rdma_event_channel *cm, 
 		early_request = NULL;
 		return event;
 	}
-	if (type == RDMA_CM_EVENT_DISCONNECTED && !early_request) {
+	if ((type == RDMA_CM_EVENT_ESTABLISHED || type == RDMA_CM_EVENT_DISCONNECTED) && !early_request) {
 		struct pollfd pfd = { .fd = cm->fd, .events = POLLIN };
 
 		CHECK(poll(&pfd, 1, TEST_TIMEOUT_MS) == 1);

@@ -110,7 +110,7 @@ static int server(int port_fd)
 		attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
 		CHECK(rdma_create_qp(id, NULL, &attr) == 0);
 		CHECK(rdma_accept(id, NULL) == 0);
-		CHECK(rdma_ack_cm_event(expect_event(cm, RDMA_CM_EVENT_ESTABLISHED)) == 0);
+		CHECK(rdma_ack_cm_event(server_event(cm, RDMA_CM_EVENT_ESTABLISHED)) == 0);
 		CHECK_EQ(ntohs(rdma_get_src_port(id)), port);
 		CHECK_EQ(rdma_get_dst_port(id), client_port);
 		if (i == 1) {
